@@ -1,0 +1,118 @@
+"""Topic specs: name, event type, partitioning key, retention. Names take an optional namespace prefix so
+that a replay can re-derive everything into separate topics without touching live ones."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import msgspec
+
+from schemas.events import (
+    DeadLetter,
+    Event,
+    Judgment,
+    PairedTurn,
+    Sample,
+    TeacherScores,
+    Turn,
+    WeightsPublished,
+)
+
+DAY_MS: Final = 24 * 3600 * 1000
+MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+"""Large enough for a 32k-token response with top-20 teacher log-probs."""
+
+_NAMESPACE_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}\.$")
+
+
+class TopicSpec(msgspec.Struct, frozen=True):
+    base: str
+    """Name without namespace, e.g. ``turns``."""
+    event_type: type[Event]
+    key: str
+    """What records are keyed by (documentation; producers pass the key)."""
+    partitions: int
+    retention_ms: int
+    """-1 keeps records forever."""
+    compacted: bool = False
+    description: str = ""
+
+    def name(self, namespace: str = "") -> str:
+        return topic_name(self.base, namespace)
+
+    def configs(self) -> dict[str, str]:
+        cfg = {
+            "retention.ms": str(self.retention_ms),
+            "max.message.bytes": str(MAX_MESSAGE_BYTES),
+            "cleanup.policy": "compact" if self.compacted else "delete",
+        }
+        if self.compacted:
+            cfg["min.cleanable.dirty.ratio"] = "0.1"
+            cfg["segment.ms"] = str(3600 * 1000)
+        return cfg
+
+
+def normalize_namespace(namespace: str | None) -> str:
+    """``""`` for none; otherwise the prefix ending in a dot (``replay-1`` becomes ``replay-1.``)."""
+    if not namespace:
+        return ""
+    ns = namespace if namespace.endswith(".") else namespace + "."
+    if not _NAMESPACE_RE.match(ns):
+        raise ValueError(f"namespace: {namespace!r} may hold only letters, digits, '.', '_' and '-'")
+    return ns
+
+
+def topic_name(base: str, namespace: str | None = "") -> str:
+    return normalize_namespace(namespace) + base
+
+
+TURNS: Final = TopicSpec(
+    "turns", Turn, "session_id", 12, -1, description="every main-line turn; the source of truth, kept forever"
+)
+TURNS_PAIRED: Final = TopicSpec(
+    "turns.paired", PairedTurn, "session_id", 12, 30 * DAY_MS, description="turn + next state, or terminal"
+)
+JUDGMENTS: Final = TopicSpec(
+    "judgments", Judgment, "session_id", 12, 30 * DAY_MS, description="one per (turn, judge_id, kind)"
+)
+TEACHER: Final = TopicSpec(
+    "teacher",
+    TeacherScores,
+    "session_id",
+    12,
+    30 * DAY_MS,
+    description="teacher log-probs per response token",
+)
+SAMPLES: Final = TopicSpec(
+    "samples",
+    Sample,
+    "session_id",
+    12,
+    30 * DAY_MS,
+    description="training-ready samples; sample_id = turn_id",
+)
+WEIGHTS: Final = TopicSpec(
+    "weights", WeightsPublished, '"policy"', 1, -1, compacted=True, description="latest weight version wins"
+)
+DEADLETTER: Final = TopicSpec(
+    "deadletter", DeadLetter, "source key", 3, 30 * DAY_MS, description="records a consumer could not use"
+)
+
+ALL_TOPICS: Final[tuple[TopicSpec, ...]] = (
+    TURNS,
+    TURNS_PAIRED,
+    JUDGMENTS,
+    TEACHER,
+    SAMPLES,
+    WEIGHTS,
+    DEADLETTER,
+)
+BY_BASE: Final[dict[str, TopicSpec]] = {t.base: t for t in ALL_TOPICS}
+
+
+def spec_for(base: str) -> TopicSpec:
+    try:
+        return BY_BASE[base]
+    except KeyError:
+        raise KeyError(f"unknown topic {base!r}; known: {', '.join(BY_BASE)}") from None
