@@ -1,0 +1,439 @@
+"""Typed Kafka I/O for every service: an idempotent producer and a batch consumer with manual commits.
+
+Delivery is at-least-once, made effectively-once downstream by stable ids: offsets are committed only after the
+handler returned (its work is durable) and after undecodable records went to ``deadletter``. One bad record
+never stops a consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Generic, Literal, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, RecordMetadata
+
+from schemas import DeadLetter, DecodeError, Event, TopicSpec, decode, encode
+from schemas.topics import DEADLETTER, MAX_MESSAGE_BYTES
+from services.config import KafkaConfig
+from services.metrics import CONSUMED, DEADLETTERED, HANDLER_ERRORS, LAG, PRODUCED
+
+log = logging.getLogger("turnstream.bus")
+
+E = TypeVar("E", bound=Event)
+StartFrom = Literal["earliest", "latest"]
+"""Where a group without committed offsets starts; a group with them always resumes from them."""
+
+
+class Record(Generic[E]):
+    """A decoded event with its Kafka coordinates."""
+
+    __slots__ = ("event", "key", "offset", "partition", "timestamp_ms", "topic")
+
+    def __init__(
+        self, event: E, topic: str, partition: int, offset: int, key: bytes | None, timestamp_ms: int
+    ):
+        self.event = event
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.timestamp_ms = timestamp_ms
+
+    def __repr__(self) -> str:
+        return f"Record({type(self.event).__name__} {self.topic}[{self.partition}]@{self.offset})"
+
+
+def _security(kafka: KafkaConfig) -> dict[str, Any]:
+    opts: dict[str, Any] = {"security_protocol": kafka.security_protocol}
+    if kafka.sasl_mechanism:
+        opts.update(
+            sasl_mechanism=kafka.sasl_mechanism,
+            sasl_plain_username=kafka.sasl_username,
+            sasl_plain_password=kafka.sasl_password,
+        )
+    return opts
+
+
+def _key_bytes(key: str | bytes | None) -> bytes | None:
+    return key.encode() if isinstance(key, str) else key
+
+
+class EventProducer:
+    """Idempotent, acks=all producer of contract events. Optionally transactional."""
+
+    def __init__(
+        self, kafka: KafkaConfig, *, transactional_id: str | None = None, client_id: str | None = None
+    ):
+        self.kafka = kafka
+        self.transactional_id = transactional_id
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=kafka.bootstrap,
+            client_id=client_id or kafka.client_id,
+            acks="all",
+            enable_idempotence=True,
+            transactional_id=transactional_id,
+            max_request_size=MAX_MESSAGE_BYTES,
+            request_timeout_ms=kafka.request_timeout_ms,
+            linger_ms=5,
+            **_security(kafka),
+        )
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def __aenter__(self) -> EventProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def topic(self, spec: TopicSpec) -> str:
+        return spec.name(self.kafka.namespace)
+
+    def _check(self, spec: TopicSpec, event: Event) -> None:
+        if not isinstance(event, spec.event_type):
+            raise TypeError(
+                f"topic {spec.base!r} carries {spec.event_type.__name__}, not {type(event).__name__}"
+            )
+
+    async def send(self, spec: TopicSpec, event: Event, key: str | bytes | None) -> RecordMetadata:
+        """Produce one event and wait until the broker acknowledged it (all in-sync replicas)."""
+        fut = await self.send_nowait(spec, event, key)
+        return await fut
+
+    async def send_nowait(
+        self, spec: TopicSpec, event: Event, key: str | bytes | None
+    ) -> asyncio.Future[Any]:
+        """Queue one event; the returned future resolves when it is acknowledged. For batching."""
+        self._check(spec, event)
+        topic = self.topic(spec)
+        fut = await self._producer.send(topic, encode(event), key=_key_bytes(key))
+        fut.add_done_callback(lambda f: f.exception() is None and PRODUCED.labels(topic).inc())
+        return fut
+
+    async def send_raw(self, topic: str, value: bytes, key: bytes | None = None) -> RecordMetadata:
+        """Produce bytes as they are (tests, tools that copy records between namespaces)."""
+        return await (await self._producer.send(topic, value, key=key))
+
+    async def flush(self) -> None:
+        await self._producer.flush()
+
+    def transaction(self) -> Any:
+        """``async with producer.transaction():`` commits on exit, aborts on an exception."""
+        return self._producer.transaction()
+
+    async def begin_transaction(self) -> None:
+        await self._producer.begin_transaction()
+
+    async def commit_transaction(self) -> None:
+        await self._producer.commit_transaction()
+
+    async def abort_transaction(self) -> None:
+        await self._producer.abort_transaction()
+
+    async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, int], group_id: str) -> None:
+        await self._producer.send_offsets_to_transaction(offsets, group_id)
+
+
+Handler = Callable[[list[Record[Any]]], Awaitable[None]]
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Before partitions are taken away, let the in-flight batch finish and commit."""
+
+    def __init__(self, owner: EventConsumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        async with self.owner._work_lock:
+            pass
+
+    async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        self.owner.assignment_changes += 1
+        log.info("partitions assigned", extra={"group": self.owner.group_id, "partitions": len(assigned)})
+
+
+class EventConsumer:
+    """Batch consumer of contract events with manual commits and dead-lettering.
+
+    ``run(handler)`` polls batches, decodes them (bad records go to ``deadletter`` with their coordinates),
+    awaits ``handler`` on the good ones, then commits. A failing handler is retried from the same offsets with
+    backoff. ``request_stop()`` (wired to SIGTERM/SIGINT by ``install_signal_handlers``) lets the in-flight batch
+    finish and commit before the consumer leaves its group.
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        specs: Sequence[TopicSpec],
+        group_id: str,
+        *,
+        start_from: StartFrom = "earliest",
+        isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
+        max_batch: int | None = None,
+        deadletter: EventProducer | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.kafka = kafka
+        self.group_id = group_id
+        self.specs = {spec.name(kafka.namespace): spec for spec in specs}
+        self.max_batch = max_batch or kafka.max_batch
+        self._own_deadletter = deadletter is None
+        self._deadletter = deadletter or EventProducer(kafka, client_id=f"{group_id}-deadletter")
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka.bootstrap,
+            client_id=client_id or kafka.client_id,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="latest" if start_from == "latest" else "earliest",
+            isolation_level=isolation_level,
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+            request_timeout_ms=kafka.request_timeout_ms,
+            **_security(kafka),
+        )
+        self._work_lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._started = False
+        self.assignment_changes = 0
+
+    # lifecycle ------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._own_deadletter:
+            await self._deadletter.start()
+        await self._consumer.start()
+        self._consumer.subscribe(list(self.specs), listener=_Rebalance(self))
+        self._started = True
+
+    async def stop(self) -> None:
+        """Leave the group (after any in-flight batch committed) and close connections."""
+        self._stop.set()
+        async with self._work_lock:
+            if self._started:
+                self._started = False
+                await self._consumer.stop()
+                if self._own_deadletter:
+                    await self._deadletter.stop()
+
+    async def __aenter__(self) -> EventConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def remove_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("signal received: finishing the in-flight batch, then stopping", extra={"signal": sig.name})
+        self.request_stop()
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._consumer.assignment())
+
+    # consumption ----------------------------------------------------------------------------------------------
+
+    async def run(self, handler: Handler, *, idle: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Consume until ``request_stop()``. ``idle`` (optional) runs after every poll, batch or not."""
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                batch = await self._consumer.getmany(
+                    timeout_ms=self.kafka.poll_timeout_ms, max_records=self.max_batch
+                )
+            except KafkaError as exc:
+                log.warning("poll failed, retrying", extra={"error": repr(exc)})
+                await asyncio.sleep(backoff)
+                continue
+            if batch:
+                async with self._work_lock:
+                    try:
+                        await self._process(batch, handler)
+                        backoff = 0.5
+                    except Exception as exc:
+                        HANDLER_ERRORS.labels(self.group_id).inc()
+                        log.exception(
+                            "batch failed; retrying it from its first offsets", extra={"error": repr(exc)}
+                        )
+                        self._rewind(batch)
+                        await self._sleep_unless_stopped(backoff)
+                        backoff = min(backoff * 2, 30.0)
+            if idle is not None:
+                await idle()
+        await self.stop()
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    def _rewind(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+        for tp, records in batch.items():
+            with contextlib.suppress(IllegalStateError, AssertionError):
+                self._consumer.seek(tp, records[0].offset)
+
+    async def _process(
+        self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]], handler: Handler
+    ) -> None:
+        good: list[Record[Any]] = []
+        for tp, records in batch.items():
+            spec = self.specs[tp.topic]
+            for rec in records:
+                try:
+                    event = decode(rec.value or b"", spec.event_type)
+                except DecodeError as exc:
+                    await self._dead_letter_raw(rec, exc.kind, str(exc))
+                    continue
+                good.append(Record(event, rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp))
+        if good:
+            await handler(good)
+        for tp, records in batch.items():
+            CONSUMED.labels(tp.topic, self.group_id).inc(len(records))
+        offsets = {tp: OffsetAndMetadata(records[-1].offset + 1, "") for tp, records in batch.items()}
+        await self._consumer.commit(offsets)
+        for tp, om in offsets.items():
+            hw = self._consumer.highwater(tp)
+            if hw is not None:
+                LAG.labels(tp.topic, str(tp.partition), self.group_id).set(max(hw - om.offset, 0))
+
+    async def dead_letter(self, record: Record[Any], error: str, kind: str = "processing") -> None:
+        """For handlers: send a decoded record the service cannot use to ``deadletter``. Durable on return."""
+        await self._send_dead_letter(
+            record.topic,
+            record.partition,
+            record.offset,
+            record.key,
+            record.timestamp_ms,
+            encode(record.event),
+            kind,
+            error,
+        )
+
+    async def _dead_letter_raw(self, rec: ConsumerRecord[bytes, bytes], kind: str, error: str) -> None:
+        await self._send_dead_letter(
+            rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp, rec.value or b"", kind, error
+        )
+
+    async def _send_dead_letter(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        timestamp_ms: int | None,
+        payload: bytes,
+        kind: str,
+        error: str,
+    ) -> None:
+        letter = DeadLetter(
+            source_topic=topic,
+            source_partition=partition,
+            source_offset=offset,
+            source_key=key,
+            source_timestamp_ms=timestamp_ms,
+            error_kind=kind,
+            error=error or "unknown error",
+            consumer_group=self.group_id,
+            payload=payload,
+            created_at=time.time(),
+        )
+        await self._deadletter.send(DEADLETTER, letter, key if key is not None else b"")
+        DEADLETTERED.labels(topic, self.group_id, kind).inc()
+        log.warning(
+            "record dead-lettered",
+            extra={"topic": topic, "partition": partition, "offset": offset, "kind": kind, "error": error},
+        )
+
+
+async def read_topic(
+    kafka: KafkaConfig,
+    spec: TopicSpec,
+    *,
+    since_ms: int | None = None,
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
+    timeout_s: float = 30.0,
+) -> AsyncIterator[Record[Any]]:
+    """Replay a topic of ``kafka.namespace`` from the beginning, or from the first record at or after
+    ``since_ms``, up to its end as of the call. No consumer group, no commits: replays never disturb live
+    consumers. Undecodable records raise DecodeError (a replay should not silently skip history)."""
+    topic = spec.name(kafka.namespace)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka.bootstrap,
+        client_id=f"{kafka.client_id}-replay",
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level=isolation_level,
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        **_security(kafka),
+    )
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions is None:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise KeyError(f"topic {topic!r} does not exist")
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        end = await consumer.end_offsets(tps)
+        # Explicit seeks (not seek_to_beginning, whose reset races the first position() call).
+        if since_ms is None:
+            start = await consumer.beginning_offsets(tps)
+        else:
+            found = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+            start = {tp: found[tp].offset if found.get(tp) is not None else end[tp] for tp in tps}
+        for tp in tps:
+            consumer.seek(tp, start[tp])
+        remaining = {tp for tp in tps if start[tp] < end[tp]}
+        deadline = time.monotonic() + timeout_s
+        while remaining:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replay of {topic} did not reach the end offsets within {timeout_s} s")
+            batch = await consumer.getmany(*remaining, timeout_ms=500)
+            for tp, records in batch.items():
+                for rec in records:
+                    if rec.offset >= end[tp]:
+                        break
+                    yield Record(
+                        decode(rec.value or b"", spec.event_type),
+                        rec.topic,
+                        rec.partition,
+                        rec.offset,
+                        rec.key,
+                        rec.timestamp,
+                    )
+            for tp in list(remaining):
+                if await consumer.position(tp) >= end[tp]:
+                    remaining.discard(tp)
+    finally:
+        await consumer.stop()

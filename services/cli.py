@@ -1,0 +1,97 @@
+"""``turnstream``: one command that starts any part of the pipeline."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import msgspec
+
+from services.config import Config, ConfigError, load_config
+from services.logs import setup_logging
+
+# Parts of DESIGN §2's CLI that later issues build; each says so instead of pretending to run.
+_NOT_BUILT_YET = {
+    "engine": "issue 3 (SGLang-compatible CPU engine)",
+    "proxy": "issue 4 (OpenAI-compatible proxy)",
+    "pairer": "issue 4 (pairer)",
+    "judge": "issue 5 (judge workers)",
+    "teacher": "issue 5 (teacher workers)",
+    "dispatcher": "issue 6 (dispatcher)",
+    "trainer": "issue 7 (trainer)",
+    "run": "issue 8 (turnstream run)",
+    "replay": "issue 8 (replay)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="turnstream", description=__doc__)
+    p.add_argument("--config", help="TOML config file (default: $TURNSTREAM_CONFIG, then ./turnstream.toml)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    topics = sub.add_parser("topics", help="create or describe the Kafka topics")
+    topics.add_argument("action", choices=["create", "describe"])
+    topics.add_argument("--namespace", help="topic name prefix (default: kafka.namespace from the config)")
+    topics.add_argument("--partitions", type=int, help="override the partition count of new topics")
+    topics.add_argument("--bootstrap", help="Kafka bootstrap servers (default: kafka.bootstrap)")
+
+    cfg = sub.add_parser("config", help="print the resolved configuration as JSON")
+    cfg.add_argument("action", choices=["show"])
+
+    for name, where in _NOT_BUILT_YET.items():
+        sub.add_parser(name, help=f"not built yet: {where}")
+    return p
+
+
+def _topics(config: Config, args: argparse.Namespace) -> int:
+    from services.topics import create_topics, describe_topics
+
+    kafka = config.kafka
+    if args.namespace is not None or args.bootstrap:
+        kafka = msgspec.structs.replace(
+            kafka,
+            namespace=args.namespace if args.namespace is not None else kafka.namespace,
+            bootstrap=args.bootstrap or kafka.bootstrap,
+        )
+        kafka.__post_init__()
+    if args.action == "create":
+        created = asyncio.run(create_topics(kafka, partitions=args.partitions))
+        states = asyncio.run(describe_topics(kafka))
+        for state, outcome in zip(states, created, strict=True):
+            state.status = outcome.status
+    else:
+        states = asyncio.run(describe_topics(kafka))
+    width = max(len(s.name) for s in states)
+    for s in states:
+        detail = f"partitions={s.partitions}" if s.partitions else ""
+        if s.configs:
+            detail += " " + " ".join(f"{k}={v}" for k, v in sorted(s.configs.items()))
+        print(f"{s.name:<{width}}  {s.status:<8} {detail}".rstrip())
+    return 1 if any(s.status == "missing" for s in states) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"turnstream: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.logging.level, config.logging.format)
+    if args.command == "topics":
+        try:
+            return _topics(config, args)
+        except ValueError as exc:
+            print(f"turnstream: {exc}", file=sys.stderr)
+            return 2
+    if args.command == "config":
+        print(msgspec.json.format(msgspec.json.encode(config).decode()))
+        return 0
+    print(f"turnstream {args.command}: not built yet, see {_NOT_BUILT_YET[args.command]}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

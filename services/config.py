@@ -1,0 +1,282 @@
+"""One validated configuration for every turnstream service.
+
+Sources, later ones winning: built-in defaults, a TOML file (``--config`` or ``TURNSTREAM_CONFIG``), OpenClaw's
+environment variable names (aliases, so its users need not relearn), and ``TURNSTREAM_<SECTION>_<FIELD>``
+variables (e.g. ``TURNSTREAM_KAFKA_BOOTSTRAP``, ``TURNSTREAM_JUDGE_M``). An invalid value fails at start with
+a ConfigError naming the field and where the value came from.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from schemas import normalize_namespace
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+Port = Annotated[int, Meta(ge=1, le=65535)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+Probability = Annotated[float, Meta(ge=0, le=1)]
+
+ENV_PREFIX = "TURNSTREAM_"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the field and its source."""
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class KafkaConfig(_Section):
+    bootstrap: str = "127.0.0.1:9092"
+    """Comma-separated host:port list."""
+    namespace: str = ""
+    """Topic name prefix, e.g. ``replay-2026-11-29.``; empty for the live topics."""
+    client_id: str = "turnstream"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    request_timeout_ms: PositiveInt = 30_000
+    max_batch: PositiveInt = 256
+    """Most records one consumer poll hands to a service."""
+    poll_timeout_ms: PositiveInt = 500
+    session_timeout_ms: PositiveInt = 10_000
+    heartbeat_interval_ms: PositiveInt = 1_000
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap.strip():
+            raise ValueError("bootstrap: must name at least one host:port")
+        self.namespace = normalize_namespace(self.namespace)
+
+
+class RedisConfig(_Section):
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "turnstream:"
+
+
+class EngineConfig(_Section):
+    """The policy engine the proxy serves from (SGLang, or turnstream's CPU engine)."""
+
+    url: str = "http://127.0.0.1:30000"
+    api_key: str | None = None
+    timeout_s: PositiveFloat = 120.0
+    retries: NonNegInt = 3
+
+
+class ProxyConfig(_Section):
+    host: str = "127.0.0.1"
+    port: Port = 8000
+    api_key: str | None = None
+    """When set, clients must send ``Authorization: Bearer <api_key>``."""
+    served_model_name: str = "turnstream-policy"
+    max_body_bytes: PositiveInt = 8 * 1024 * 1024
+    spool_dir: str = ""
+    """Durable local spool for turns while Kafka is unreachable; empty: under the cache directory."""
+    missing_session: Literal["generate", "reject"] = "generate"
+
+
+class PairerConfig(_Section):
+    idle_timeout_s: PositiveFloat = 1800.0
+
+
+class JudgeConfig(_Section):
+    judge_id: str = "default"
+    backend: Literal["engine", "rules"] = "engine"
+    engine_url: str = "http://127.0.0.1:30001"
+    model: str = ""
+    m: PositiveInt = 1
+    """Eval votes and hint votes per turn (OpenClaw's PRM_M)."""
+    temperature: NonNegFloat = 0.6
+    max_tokens: PositiveInt = 2048
+    max_concurrency: PositiveInt = 8
+    eval_mode: bool = True
+    """Run eval votes (OpenClaw's OPENCLAW_EVAL_MODE); hint votes always run."""
+    deadline_s: PositiveFloat = 300.0
+
+
+class TeacherConfig(_Section):
+    engine_url: str = "http://127.0.0.1:30002"
+    model: str = ""
+    top_k: NonNegInt = 0
+    """0: log-probs of the response tokens only; K > 0: also the teacher's top-K per position."""
+    max_concurrency: PositiveInt = 1
+
+
+class DispatcherConfig(_Section):
+    mode: Literal["rl", "opd", "combine"] = "combine"
+    judge_ids: list[str] = msgspec.field(default_factory=lambda: ["default"])
+    judge_combine: Literal["single", "majority"] = "single"
+    join_timeout_s: PositiveFloat = 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.judge_ids or any(not j.strip() for j in self.judge_ids):
+            raise ValueError("judge_ids: must list at least one non-empty judge id")
+
+
+class TrainerConfig(_Section):
+    hf_checkpoint: str = ""
+    """The policy's starting Hugging Face folder (OpenClaw's HF_CKPT)."""
+    output_dir: str = ""
+    rollout_batch_size: PositiveInt = 16
+    train_epochs: PositiveInt = 1
+    lr: PositiveFloat = 1e-5
+    adam_beta1: Probability = 0.9
+    adam_beta2: Probability = 0.98
+    weight_decay: NonNegFloat = 0.1
+    eps_clip: Probability = 0.2
+    eps_clip_high: NonNegFloat = 0.28
+    w_opd: NonNegFloat = 1.0
+    w_rl: NonNegFloat = 1.0
+    entropy_coef: NonNegFloat = 0.0
+    kl_coef: NonNegFloat = 0.0
+    max_staleness: NonNegInt = 4
+
+
+class MetricsConfig(_Section):
+    port: Port | None = None
+    """Prometheus /metrics port for services without an HTTP server of their own."""
+
+
+class LoggingConfig(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "text"] = "json"
+
+
+class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    kafka: KafkaConfig = msgspec.field(default_factory=KafkaConfig)
+    redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    proxy: ProxyConfig = msgspec.field(default_factory=ProxyConfig)
+    pairer: PairerConfig = msgspec.field(default_factory=PairerConfig)
+    judge: JudgeConfig = msgspec.field(default_factory=JudgeConfig)
+    teacher: TeacherConfig = msgspec.field(default_factory=TeacherConfig)
+    dispatcher: DispatcherConfig = msgspec.field(default_factory=DispatcherConfig)
+    trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    name: field.type.cls  # type: ignore[attr-defined]
+    for name, field in ((f.name, f) for f in msgspec.inspect.type_info(Config).fields)  # type: ignore[attr-defined]
+}
+
+OPENCLAW_ALIASES: dict[str, tuple[str, str]] = {
+    "OPENCLAW_COMBINE_W_OPD": ("trainer", "w_opd"),
+    "OPENCLAW_COMBINE_W_RL": ("trainer", "w_rl"),
+    "TRAIN_EPOCHS": ("trainer", "train_epochs"),
+    "KL_LOSS_COEF": ("trainer", "kl_coef"),
+    "HF_CKPT": ("trainer", "hf_checkpoint"),
+    "PRM_M": ("judge", "m"),
+    "PRM_TEMPERATURE": ("judge", "temperature"),
+    "OPENCLAW_EVAL_MODE": ("judge", "eval_mode"),
+    "OPENCLAW_OPD_TEACHER_LP_MAX_CONCURRENCY": ("teacher", "max_concurrency"),
+    "SGLANG_API_KEY": ("engine", "api_key"),
+    "SERVED_MODEL_NAME": ("proxy", "served_model_name"),
+}
+"""OpenClaw-RL's variable names and the fields they set. ``TURNSTREAM_*`` wins when both are set."""
+
+# Variables under the prefix that are not config fields.
+_NOT_FIELDS = {"CONFIG", "CACHE", "KAFKA_BOOTSTRAP_SCRIPT", "KEEP_SERVICES"}
+
+
+def _field_kinds(section: type[_Section]) -> dict[str, str]:
+    """Field name -> 'list' for list-typed fields (comma-separated in the environment), else 'scalar'."""
+    kinds: dict[str, str] = {}
+    for f in msgspec.inspect.type_info(section).fields:  # type: ignore[attr-defined]
+        kinds[f.name] = "list" if isinstance(f.type, msgspec.inspect.ListType) else "scalar"
+    return kinds
+
+
+def _env_value(raw: str, kind: str) -> Any:
+    if kind == "list":
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    return raw
+
+
+def _from_env(env: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Settings from the environment and, per dotted field, the variable it came from."""
+    data: dict[str, dict[str, Any]] = {}
+    source: dict[str, str] = {}
+    for alias, (section, field) in OPENCLAW_ALIASES.items():
+        if alias in env:
+            kind = _field_kinds(SECTIONS[section])[field]
+            data.setdefault(section, {})[field] = _env_value(env[alias], kind)
+            source[f"{section}.{field}"] = f"${alias}"
+    for var, raw in env.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        rest = var[len(ENV_PREFIX) :]
+        if rest in _NOT_FIELDS:
+            continue
+        section, _, field = rest.lower().partition("_")
+        if section not in SECTIONS or not field:
+            continue
+        kinds = _field_kinds(SECTIONS[section])
+        if field not in kinds:
+            raise ConfigError(f"{section}.{field} (${var}): unknown field; known: {', '.join(sorted(kinds))}")
+        data.setdefault(section, {})[field] = _env_value(raw, kinds[field])
+        source[f"{section}.{field}"] = f"${var}"
+    return data, source
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _field_of(exc: msgspec.ValidationError) -> str:
+    msg = str(exc)
+    marker = "- at `$."
+    return msg[msg.rindex(marker) + len(marker) : -1] if marker in msg else ""
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Build the validated config. ``path`` defaults to ``$TURNSTREAM_CONFIG``, then ``./turnstream.toml``."""
+    env = os.environ if env is None else env
+    file_data: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    chosen = path or env.get("TURNSTREAM_CONFIG")
+    if chosen is None and Path("turnstream.toml").is_file():
+        chosen = "turnstream.toml"
+    if chosen is not None:
+        p = Path(chosen)
+        try:
+            file_data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+        for section, values in file_data.items():
+            if isinstance(values, dict):
+                for field in values:
+                    source[f"{section}.{field}"] = str(p)
+    env_data, env_source = _from_env(env)
+    source.update(env_source)
+    merged = _merge(file_data, env_data)
+    try:
+        return msgspec.convert(merged, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        field = _field_of(exc)
+        origin = source.get(field) or source.get(field.split(".")[0], "")
+        where = f" ({origin})" if origin else ""
+        detail = str(exc).split(" - at `")[0]
+        head, sep, tail = detail.partition(": ")
+        if sep and "." not in field and field in SECTIONS and head in _field_kinds(SECTIONS[field]):
+            field, detail = f"{field}.{head}", tail  # a section's own check names its field first
+        origin = source.get(field) or origin
+        where = f" ({origin})" if origin else ""
+        raise ConfigError(f"{field or 'config'}{where}: {detail}") from None

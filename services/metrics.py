@@ -1,0 +1,27 @@
+"""Prometheus metrics shared by every service's runtime (the bus). Service-specific metrics live with them."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, start_http_server
+
+CONSUMED = Counter(
+    "turnstream_bus_consumed_total", "Records consumed and handed to a service", ["topic", "group"]
+)
+PRODUCED = Counter("turnstream_bus_produced_total", "Records produced (acknowledged)", ["topic"])
+DEADLETTERED = Counter(
+    "turnstream_bus_deadlettered_total",
+    "Records sent to the dead-letter topic",
+    ["topic", "group", "kind"],
+)
+HANDLER_ERRORS = Counter(
+    "turnstream_bus_handler_errors_total", "Batches whose handler failed and were retried", ["group"]
+)
+LAG = Gauge(
+    "turnstream_bus_consumer_lag", "High watermark minus committed offset", ["topic", "partition", "group"]
+)
+
+
+def serve_metrics(port: int | None) -> None:
+    """Expose /metrics on ``port`` for services without an HTTP server of their own."""
+    if port is not None:
+        start_http_server(port, addr="127.0.0.1")

@@ -1,0 +1,131 @@
+"""Create and describe turnstream's topics (``turnstream topics create|describe``). Creation is idempotent."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import TopicAlreadyExistsError
+
+from schemas import ALL_TOPICS, TopicSpec
+from services.bus import _security
+from services.config import KafkaConfig
+
+_TOPIC_ALREADY_EXISTS = 36
+
+
+class TopicState(msgspec.Struct):
+    name: str
+    status: str
+    """``created``, ``exists`` or ``missing``."""
+    partitions: int | None = None
+    configs: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+def _admin(kafka: KafkaConfig) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(
+        bootstrap_servers=kafka.bootstrap,
+        client_id=f"{kafka.client_id}-admin",
+        request_timeout_ms=kafka.request_timeout_ms,
+        **_security(kafka),
+    )
+
+
+async def create_topics(
+    kafka: KafkaConfig,
+    specs: tuple[TopicSpec, ...] = ALL_TOPICS,
+    *,
+    partitions: int | None = None,
+    replication_factor: int = 1,
+) -> list[TopicState]:
+    """Create every topic of ``kafka.namespace`` that does not exist yet. ``partitions`` overrides the specs'
+    counts (the compacted ``weights`` topic keeps one partition: its single key orders all versions)."""
+    admin = _admin(kafka)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        new: list[NewTopic] = []
+        states: list[TopicState] = []
+        for spec in specs:
+            name = spec.name(kafka.namespace)
+            if name in existing:
+                states.append(TopicState(name, "exists"))
+                continue
+            count = spec.partitions if partitions is None or spec.compacted else partitions
+            new.append(NewTopic(name, count, replication_factor, topic_configs=spec.configs()))
+            states.append(TopicState(name, "created", count, spec.configs()))
+        if new:
+            try:
+                resp = await admin.create_topics(new)
+                errors = getattr(resp, "topic_errors", None) or getattr(resp, "topic_error_codes", [])
+                for err in errors:
+                    name, code = err[0], err[1]
+                    if code == _TOPIC_ALREADY_EXISTS:
+                        _mark(states, name, "exists")
+                    elif code != 0:
+                        raise RuntimeError(
+                            f"creating topic {name} failed with Kafka error code {code}: {err}"
+                        )
+            except TopicAlreadyExistsError:
+                pass  # a concurrent creator won the race; the topics exist either way
+        await _wait_visible(admin, [s.name for s in states])
+        return states
+    finally:
+        await admin.close()
+
+
+def _mark(states: list[TopicState], name: str, status: str) -> None:
+    for s in states:
+        if s.name == name:
+            s.status = status
+
+
+async def _wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        described = await admin.describe_topics(names)
+        if all(d.get("error_code", 0) == 0 and d.get("partitions") for d in described):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"topics not visible after {timeout_s} s: {names}")
+        await asyncio.sleep(0.2)
+
+
+async def describe_topics(kafka: KafkaConfig, specs: tuple[TopicSpec, ...] = ALL_TOPICS) -> list[TopicState]:
+    admin = _admin(kafka)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        names = [s.name(kafka.namespace) for s in specs]
+        present = [n for n in names if n in existing]
+        partitions: dict[str, int] = {}
+        configs: dict[str, dict[str, str]] = {n: {} for n in present}
+        if present:
+            for d in await admin.describe_topics(present):
+                partitions[d["topic"]] = len(d.get("partitions") or [])
+            configs.update(await _describe_configs(admin, present))
+        return [
+            TopicState(n, "exists", partitions.get(n), configs.get(n, {}))
+            if n in existing
+            else TopicState(n, "missing")
+            for n in names
+        ]
+    finally:
+        await admin.close()
+
+
+async def _describe_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    wanted = {"retention.ms", "cleanup.policy", "max.message.bytes"}
+    out: dict[str, dict[str, str]] = {}
+    responses: Any = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, n) for n in names]
+    )
+    for resp in responses:
+        for resource in resp.resources:
+            # (error_code, error_message, resource_type, resource_name, config_entries)
+            name, entries = resource[3], resource[4]
+            out[name] = {e[0]: e[1] for e in entries if e[0] in wanted}
+    return out

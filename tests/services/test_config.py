@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.config import OPENCLAW_ALIASES, ConfigError, load_config
+
+
+def test_defaults_follow_the_design() -> None:
+    c = load_config(env={})
+    assert c.trainer.lr == 1e-5 and (c.trainer.adam_beta1, c.trainer.adam_beta2) == (0.9, 0.98)
+    assert c.trainer.weight_decay == 0.1
+    assert (c.trainer.eps_clip, c.trainer.eps_clip_high) == (0.2, 0.28)
+    assert (c.trainer.w_opd, c.trainer.w_rl) == (1.0, 1.0)
+    assert c.trainer.rollout_batch_size == 16
+    assert c.judge.m == 1
+    assert c.kafka.namespace == ""
+
+
+def test_toml_file_then_env_override(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text('[kafka]\nbootstrap = "file:1"\nnamespace = "replay-1"\n[judge]\nm = 3\n')
+    c = load_config(path, env={"TURNSTREAM_JUDGE_M": "5"})
+    assert c.kafka.bootstrap == "file:1"
+    assert c.kafka.namespace == "replay-1."
+    assert c.judge.m == 5
+
+
+def test_config_path_from_environment(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text('[redis]\nurl = "redis://example:1/2"\n')
+    assert load_config(env={"TURNSTREAM_CONFIG": str(path)}).redis.url == "redis://example:1/2"
+
+
+@pytest.mark.parametrize(
+    ("alias", "value", "section", "field", "expected"),
+    [
+        ("OPENCLAW_COMBINE_W_OPD", "0.5", "trainer", "w_opd", 0.5),
+        ("OPENCLAW_COMBINE_W_RL", "2", "trainer", "w_rl", 2.0),
+        ("PRM_M", "3", "judge", "m", 3),
+        ("SGLANG_API_KEY", "sk-x", "engine", "api_key", "sk-x"),
+        ("OPENCLAW_EVAL_MODE", "0", "judge", "eval_mode", False),
+        ("OPENCLAW_EVAL_MODE", "1", "judge", "eval_mode", True),
+        ("TRAIN_EPOCHS", "2", "trainer", "train_epochs", 2),
+    ],
+)
+def test_openclaw_aliases(alias: str, value: str, section: str, field: str, expected: object) -> None:
+    assert OPENCLAW_ALIASES[alias] == (section, field)
+    c = load_config(env={alias: value})
+    assert getattr(getattr(c, section), field) == expected
+
+
+def test_turnstream_variable_wins_over_alias() -> None:
+    c = load_config(env={"PRM_M": "3", "TURNSTREAM_JUDGE_M": "7"})
+    assert c.judge.m == 7
+
+
+def test_list_fields_are_comma_separated_in_env() -> None:
+    c = load_config(env={"TURNSTREAM_DISPATCHER_JUDGE_IDS": "a, b,c"})
+    assert c.dispatcher.judge_ids == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"PRM_M": "0"}, ["judge.m", "$PRM_M"]),
+        ({"TURNSTREAM_JUDGE_M": "many"}, ["judge.m", "$TURNSTREAM_JUDGE_M"]),
+        ({"TURNSTREAM_DISPATCHER_MODE": "sft"}, ["dispatcher.mode", "$TURNSTREAM_DISPATCHER_MODE"]),
+        ({"TURNSTREAM_PROXY_PORT": "70000"}, ["proxy.port"]),
+        ({"TURNSTREAM_JUDGE_TYPO": "1"}, ["judge.typo", "unknown field"]),
+        ({"TURNSTREAM_KAFKA_NAMESPACE": "bad name"}, ["kafka.namespace", "$TURNSTREAM_KAFKA_NAMESPACE"]),
+        ({"TURNSTREAM_DISPATCHER_JUDGE_IDS": " , "}, ["dispatcher.judge_ids"]),
+        ({"OPENCLAW_COMBINE_W_OPD": "-1"}, ["trainer.w_opd"]),
+    ],
+)
+def test_bad_values_name_the_field_and_source(env: dict[str, str], names: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env=env)
+    for name in names:
+        assert name in str(info.value)
+
+
+def test_bad_file_values_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[trainer]\nlr = -1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert "trainer.lr" in str(info.value) and str(path) in str(info.value)
+
+
+def test_unknown_file_key_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[trainer]\nlearning_rate = 1\n")
+    with pytest.raises(ConfigError, match="learning_rate"):
+        load_config(path, env={})
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[kafka\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, env={})
+
+
+def test_unrelated_prefixed_variables_are_ignored() -> None:
+    c = load_config(
+        env={"TURNSTREAM_CACHE": "/tmp/x", "TURNSTREAM_KEEP_SERVICES": "1", "TURNSTREAM_FOO_BAR": "1"}
+    )
+    assert c.kafka.bootstrap == "127.0.0.1:9092"
