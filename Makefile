@@ -1,0 +1,33 @@
+# turnstream developer entry points. Heavy installs live in ~/.cache/turnstream (TURNSTREAM_CACHE).
+.PHONY: setup run test lint format services-up services-down clean
+
+setup:            ## venv (cached by lock hash), Kafka jars, redis-server
+	bash scripts/setup-venv.sh
+	bash scripts/kafka.sh install
+	bash scripts/redis.sh install
+
+run:              ## set up and run the main job on the embedded defaults
+	bash scripts/run.sh
+
+test:             ## set up and run lint + the whole test suite (real Kafka and Redis)
+	bash scripts/test.sh
+
+lint:
+	bash scripts/setup-venv.sh
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+format:
+	.venv/bin/ruff check --fix .
+	.venv/bin/ruff format .
+
+services-up:      ## Kafka on 127.0.0.1:9092 and Redis on 127.0.0.1:6379, left running
+	bash scripts/kafka.sh start
+	bash scripts/redis.sh start
+
+services-down:
+	bash scripts/kafka.sh stop
+	bash scripts/redis.sh stop
+
+clean:
+	rm -rf .venv .pytest_cache .hypothesis .ruff_cache

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test command (README, `make test`, .ci/run): set everything up, lint, run the whole suite against the real
+# Kafka broker and Redis server (the fixtures start them unless TURNSTREAM_KAFKA_BOOTSTRAP/TURNSTREAM_REDIS_URL
+# point at running ones). Extra arguments go to pytest. Fails when no test ran (pytest's exit code 5).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+
+bash scripts/setup-venv.sh
+bash scripts/kafka.sh install
+bash scripts/redis.sh install
+
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+log "ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+
+log "pytest"
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [[ $rc -eq 5 ]]; then
+    log "error: pytest collected no tests; that is a failure, not a pass"
+    exit 1
+fi
+exit $rc
