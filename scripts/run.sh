@@ -14,9 +14,6 @@ export TURNSTREAM_REDIS_URL="${TURNSTREAM_REDIS_URL:-redis://127.0.0.1:${REDIS_P
 export TURNSTREAM_LOGGING_FORMAT="${TURNSTREAM_LOGGING_FORMAT:-text}"
 
 .venv/bin/turnstream topics create
-if .venv/bin/turnstream run --help >/dev/null 2>&1 && ! .venv/bin/turnstream run 2>&1 | grep -q "not built yet"; then
-    exec .venv/bin/turnstream run "$@"
-fi
 cat >&2 <<'MSG'
 
 turnstream: the foundation is up (Kafka, Redis, topics). The pipeline's services are not built yet:
