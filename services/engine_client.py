@@ -1,0 +1,323 @@
+"""The one async client for SGLang and turnstream's engine, used by proxy, judge, teacher and reloader.
+
+One shared httpx connection pool per process. Idempotent calls (scoring, info, weight updates, greedy
+generation) are retried with exponential backoff and jitter; sampled generations are retried only when the
+request never reached the engine (connection refused), so a retry can never produce a second, different answer
+the caller did not see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+
+_shared: httpx.AsyncClient | None = None
+
+
+def shared_http_client() -> httpx.AsyncClient:
+    """The process's connection pool (created on first use, in the running event loop's process)."""
+    global _shared
+    if _shared is None or _shared.is_closed:
+        _shared = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            timeout=httpx.Timeout(120.0, connect=5.0),
+        )
+    return _shared
+
+
+async def close_shared_http_client() -> None:
+    global _shared
+    if _shared is not None:
+        await _shared.aclose()
+        _shared = None
+
+
+class EngineError(Exception):
+    """The engine answered with an error, or could not be reached. ``status`` is None for transport errors."""
+
+    def __init__(self, message: str, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class EngineTimeout(EngineError):
+    pass
+
+
+class ScoreResult(msgspec.Struct, frozen=True):
+    """Log-probs of exactly the scored tokens, aligned one to one."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    topk_token_ids: list[list[int]] | None = None
+    topk_logprobs: list[list[float]] | None = None
+    weight_version: str = ""
+
+
+class GenerateResult(msgspec.Struct, frozen=True):
+    text: str
+    output_ids: list[int]
+    output_logprobs: list[float] | None
+    finish_reason: str
+    weight_version: str
+    prompt_tokens: int
+    input_logprobs: list[float | None] | None = None
+    input_token_ids: list[int] | None = None
+
+
+class ChatResult(msgspec.Struct, frozen=True):
+    """A non-streamed chat completion with the exact token data turnstream records."""
+
+    raw: dict[str, Any]
+    message: dict[str, Any]
+    finish_reason: str
+    prompt_token_ids: list[int] | None
+    token_ids: list[int] | None
+    logprobs: list[float] | None
+    weight_version: str | None
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500] or resp.reason_phrase
+    if isinstance(body, dict):
+        if isinstance(body.get("error"), dict):
+            return str(body["error"].get("message"))
+        if "message" in body:
+            return str(body["message"])
+    return str(body)[:500]
+
+
+class EngineClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        retries: int = 3,
+        backoff_s: float = 0.25,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._client = client
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        return self._client or shared_http_client()
+
+    # transport -------------------------------------------------------------------------------------------
+
+    async def _request(self, method: str, path: str, body: Any = None, *, idempotent: bool) -> Any:
+        attempt = 0
+        while True:
+            try:
+                resp = await self.http.request(
+                    method, self.base_url + path, json=body, headers=self.headers, timeout=self.timeout
+                )
+            except httpx.TimeoutException as exc:
+                err: EngineError = EngineTimeout(f"{method} {path} timed out: {exc!r}", retryable=idempotent)
+            except httpx.ConnectError as exc:  # never reached the engine: safe to retry anything
+                err = EngineError(
+                    f"{method} {path}: cannot connect to {self.base_url}: {exc!r}", retryable=True
+                )
+            except httpx.TransportError as exc:
+                err = EngineError(f"{method} {path} failed: {exc!r}", retryable=idempotent)
+            else:
+                if resp.status_code < 400:
+                    return resp.json() if resp.content else None
+                retryable = idempotent and (resp.status_code >= 500 or resp.status_code == 429)
+                err = EngineError(
+                    f"{method} {path}: {resp.status_code} {_error_message(resp)}", resp.status_code, retryable
+                )
+            if not err.retryable or attempt >= self.retries:
+                raise err
+            delay = self.backoff_s * (2**attempt)
+            await asyncio.sleep(
+                delay + random.uniform(0, delay)
+            )  # full jitter on top of the exponential step
+            attempt += 1
+
+    # info ------------------------------------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        try:
+            await self._request("GET", "/health", idempotent=True)
+            return True
+        except EngineError:
+            return False
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._request("GET", "/get_model_info", idempotent=True)  # type: ignore[no-any-return]
+
+    async def models(self) -> list[dict[str, Any]]:
+        return (await self._request("GET", "/v1/models", idempotent=True))["data"]  # type: ignore[no-any-return]
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | int) -> dict[str, Any]:
+        body = {"model_path": model_path, "weight_version": str(weight_version)}
+        result = await self._request("POST", "/update_weights_from_disk", body, idempotent=True)
+        if not result or not result.get("success", False):
+            raise EngineError(f"weight update to {model_path} failed: {result}")
+        return result  # type: ignore[no-any-return]
+
+    # /generate -------------------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        *,
+        input_ids: list[int] | None = None,
+        text: str | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+    ) -> GenerateResult:
+        body: dict[str, Any] = {"sampling_params": sampling_params or {}}
+        if input_ids is not None:
+            body["input_ids"] = input_ids
+        if text is not None:
+            body["text"] = text
+        if return_logprob:
+            body.update(
+                return_logprob=True, logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num
+            )
+        greedy = float((sampling_params or {}).get("temperature", 1.0)) == 0.0
+        data = await self._request("POST", "/generate", body, idempotent=greedy)
+        meta = data["meta_info"]
+        out_lps = meta.get("output_token_logprobs")
+        in_lps = meta.get("input_token_logprobs")
+        return GenerateResult(
+            text=data.get("text", ""),
+            output_ids=list(data.get("output_ids") or [e[1] for e in out_lps or []]),
+            output_logprobs=[e[0] for e in out_lps] if out_lps is not None else None,
+            finish_reason=(meta.get("finish_reason") or {}).get("type", "stop"),
+            weight_version=str(meta.get("weight_version", "")),
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            input_logprobs=[e[0] for e in in_lps] if in_lps is not None else None,
+            input_token_ids=[e[1] for e in in_lps] if in_lps is not None else None,
+        )
+
+    async def score(self, prompt_ids: list[int], response_ids: list[int], top_k: int = 0) -> ScoreResult:
+        """Log-probs of ``response_ids`` given ``prompt_ids`` (prefill only, ``max_new_tokens`` 0).
+
+        SGLang leaves the first entry of its input log-prob window unscored (None), so the window starts one
+        token before the response and that entry is dropped. The returned arrays have exactly
+        ``len(response_ids)`` entries, checked position by position against the ids the engine scored: an
+        off-by-one surfaces as an error, never as a shifted reference.
+        """
+        if not prompt_ids:
+            raise ValueError("score needs at least one prompt token")
+        body = {
+            "input_ids": list(prompt_ids) + list(response_ids),
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": len(prompt_ids) - 1,
+            "top_logprobs_num": top_k,
+        }
+        data = await self._request("POST", "/generate", body, idempotent=True)
+        meta = data["meta_info"]
+        entries = meta["input_token_logprobs"][1:]
+        if len(entries) != len(response_ids):
+            raise EngineError(f"engine scored {len(entries)} tokens for a {len(response_ids)}-token response")
+        for pos, (entry, tok) in enumerate(zip(entries, response_ids, strict=True)):
+            if int(entry[1]) != int(tok) or entry[0] is None:
+                raise EngineError(
+                    f"engine log-probs misaligned at response position {pos}: {entry} vs token {tok}"
+                )
+        topk_ids = topk_lps = None
+        if top_k > 0:
+            rows = meta["input_top_logprobs"][1:]
+            topk_ids = [[int(e[1]) for e in row] for row in rows]
+            topk_lps = [[float(e[0]) for e in row] for row in rows]
+        return ScoreResult(
+            token_ids=list(response_ids),
+            logprobs=[float(e[0]) for e in entries],
+            topk_token_ids=topk_ids,
+            topk_logprobs=topk_lps,
+            weight_version=str(meta.get("weight_version", "")),
+        )
+
+    # /v1/chat/completions --------------------------------------------------------------------------------
+
+    async def chat(self, body: dict[str, Any]) -> ChatResult:
+        """Non-streamed chat completion. Asks for exact token ids and log-probs in both engines' spellings."""
+        req = {
+            **body,
+            "stream": False,
+            "logprobs": True,
+            "return_prompt_token_ids": True,
+            "return_token_ids": True,
+            "return_meta_info": True,
+        }
+        greedy = float(body.get("temperature", 1.0) or 0.0) == 0.0 and "temperature" in body
+        data = await self._request("POST", "/v1/chat/completions", req, idempotent=greedy)
+        return parse_chat_result(data)
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Yields each SSE chunk as a dict, as the engine produces it. Errors before the first byte raise
+        EngineError; an error event mid-stream raises EngineError too."""
+        req = {**body, "stream": True}
+        try:
+            async with self.http.stream(
+                "POST",
+                self.base_url + "/v1/chat/completions",
+                json=req,
+                headers=self.headers,
+                timeout=self.timeout,
+            ) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise EngineError(
+                        f"chat stream: {resp.status_code} {_error_message(resp)}", resp.status_code
+                    )
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        return
+                    chunk = json.loads(payload)
+                    if "error" in chunk and "choices" not in chunk:
+                        raise EngineError(f"chat stream failed: {chunk['error']}")
+                    yield chunk
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"chat stream timed out: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise EngineError(f"chat stream failed: {exc!r}") from exc
+
+
+def parse_chat_result(data: dict[str, Any]) -> ChatResult:
+    choice = data["choices"][0]
+    meta = choice.get("meta_info") or {}
+    out_lps = meta.get("output_token_logprobs")
+    token_ids = choice.get("token_ids")
+    if token_ids is None and out_lps is not None:
+        token_ids = [int(e[1]) for e in out_lps]
+    logprobs: list[float] | None = None
+    if out_lps is not None:
+        logprobs = [float(e[0]) for e in out_lps]
+    elif choice.get("logprobs") and choice["logprobs"].get("content") is not None:
+        logprobs = [float(c["logprob"]) for c in choice["logprobs"]["content"]]
+    version = (data.get("metadata") or {}).get("weight_version", meta.get("weight_version"))
+    return ChatResult(
+        raw=data,
+        message=choice["message"],
+        finish_reason=choice.get("finish_reason") or "stop",
+        prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids"),
+        token_ids=token_ids,
+        logprobs=logprobs,
+        weight_version=None if version is None else str(version),
+    )
