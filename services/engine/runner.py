@@ -1,15 +1,15 @@
 """The model runner: one inference thread that serves every request fairly, token by token.
 
-Requests are jobs. The thread admits a job with a prefill (computing input log-probs when asked), then advances
-every running job by one decode step per round, so a long generation never starves a short one. A weight
-update swaps the runner's current model atomically; each job keeps the model it was admitted with, so requests
-already running finish on the old weights.
+Requests are jobs. Each round the thread admits one waiting job with a prefill (computing input log-probs when
+asked), then advances every running job by one token in a single batched forward pass per weight version, so a
+long generation never starves a short one and concurrent requests share the matrix multiplications. A weight
+update swaps the runner's current model atomically; each job keeps the model it was admitted with (its batch is
+per weight version), so requests already running finish on the old weights.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import threading
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from services.engine.batch import DecodeBatch
 from services.engine.detokenize import StopDecoder
 from services.engine.sampling import SamplingConfig, make_generator, sample_token, top_logprobs
 
@@ -88,7 +89,6 @@ class Job:
     loop: asyncio.AbstractEventLoop | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     model: LoadedModel | None = None
-    cache: Any = None
     next_logits: torch.Tensor | None = None
     generator: torch.Generator | None = None
     decoder: StopDecoder | None = None
@@ -105,7 +105,8 @@ class Runner:
     def __init__(self, model: LoadedModel) -> None:
         self.current = model
         self._pending: deque[Job] = deque()
-        self._running: list[Job] = []
+        self._batches: dict[int, DecodeBatch] = {}
+        """Running jobs, one decode batch per model object (weight version)."""
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="engine-inference", daemon=True)
@@ -123,7 +124,7 @@ class Runner:
 
     @property
     def queue_depth(self) -> int:
-        return len(self._pending) + len(self._running)
+        return len(self._pending) + sum(len(b) for b in self._batches.values())
 
     def submit(self, job: Job) -> asyncio.Queue[TokenOut | Finished | BaseException]:
         job.loop = asyncio.get_running_loop()
@@ -143,32 +144,31 @@ class Runner:
         torch.set_grad_enabled(False)
         while True:
             with self._cv:
-                while not self._stop and not self._pending and not self._running:
+                while not self._stop and not self._pending and not self._batches:
                     self._cv.wait()
                 if self._stop:
-                    for job in [*self._pending, *self._running]:
+                    for job in [*self._pending, *(j for b in self._batches.values() for j in b.jobs)]:
                         job.emit(RuntimeError("engine shutting down"))
                     return
                 admit = self._pending.popleft() if self._pending else None
             started = time.perf_counter()
-            if admit is not None:
-                self._guard(admit, self._prefill)
-            for job in list(self._running):
-                if job is not admit:
-                    self._guard(job, self._decode)
+            with torch.inference_mode():
+                if admit is not None:
+                    self._admit(admit)
+                for key, batch in list(self._batches.items()):
+                    self._decode(batch)
+                    if not batch.jobs:
+                        del self._batches[key]
             self.busy_seconds += time.perf_counter() - started
 
-    def _guard(self, job: Job, step: Any) -> None:
+    def _admit(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            self._finish(job, "abort", None)
+            return
         try:
-            if job.cancelled.is_set():
-                self._finish(job, "abort", None)
-                return
-            with torch.inference_mode():
-                step(job)
+            self._prefill(job)
         except Exception as exc:  # a failing request must not take the engine down
-            log.exception("request failed in the inference thread")
-            if job in self._running:
-                self._running.remove(job)
+            log.exception("request failed in prefill")
             job.emit(exc)
 
     def _prefill(self, job: Job) -> None:
@@ -187,10 +187,12 @@ class Runner:
         if job.max_new_tokens == 0:
             self._finish(job, "length", None)
             return
-        job.cache = out.past_key_values
         job.next_logits = logits[-1]
-        self._running.append(job)
-        self._emit_next(job)
+        if not self._emit_next(job):
+            batch = self._batches.get(id(model))
+            if batch is None:
+                batch = self._batches[id(model)] = DecodeBatch(model.model)
+            batch.add(job, out.past_key_values)
 
     def _input_logprobs(self, job: Job, logits: torch.Tensor, start: int) -> None:
         """SGLang's shape: one entry per input token from ``start``; the first is None (nothing predicts it
@@ -208,16 +210,30 @@ class Runner:
         job.input_logprobs = values
         job.input_top = tops
 
-    def _decode(self, job: Job) -> None:
-        assert job.model is not None
-        last = torch.tensor([[job.output_ids[-1]]], dtype=torch.long)
-        out = job.model.model(last, past_key_values=job.cache, use_cache=True)
-        job.cache = out.past_key_values
-        job.next_logits = out.logits[0, -1]
-        self._emit_next(job)
+    def _decode(self, batch: DecodeBatch) -> None:
+        cancelled = [j for j in batch.jobs if j.cancelled.is_set()]
+        for job in cancelled:
+            self._finish(job, "abort", None)
+        batch.remove(cancelled)
+        if not batch.jobs:
+            return
+        try:
+            logits = batch.step([j.output_ids[-1] for j in batch.jobs])
+            finished = []
+            for row, job in enumerate(batch.jobs):
+                job.next_logits = logits[row]
+                if self._emit_next(job):
+                    finished.append(job)
+        except Exception as exc:  # the batch's requests fail; the engine keeps serving
+            log.exception("decode step failed")
+            for job in batch.jobs:
+                job.emit(exc)
+            batch.remove(list(batch.jobs))
+            return
+        batch.remove(finished)
 
-    def _emit_next(self, job: Job) -> None:
-        """Sample the next token from ``job.next_logits``, report it, and finish the job if it is done."""
+    def _emit_next(self, job: Job) -> bool:
+        """Sample the next token from ``job.next_logits`` and report it; True when the job finished."""
         assert job.model is not None and job.next_logits is not None and job.decoder is not None
         logits = job.next_logits
         token = sample_token(logits, job.sampling, job.generator)  # type: ignore[arg-type]
@@ -235,13 +251,13 @@ class Runner:
             self._finish(job, "length", None)
         elif len(job.input_ids) + len(job.output_ids) >= job.model.max_context:
             self._finish(job, "length", None)
+        else:
+            return False
+        return True
 
     def _finish(self, job: Job, reason: str, matched: int | str | None) -> None:
-        with contextlib.suppress(ValueError):
-            self._running.remove(job)
         tail = job.decoder.finish() if job.decoder is not None else ""
         model = job.model or self.current
-        job.cache = None
         job.emit(
             Finished(
                 reason=reason,
