@@ -124,7 +124,15 @@ class EventProducer:
 
     async def send_raw(self, topic: str, value: bytes, key: bytes | None = None) -> RecordMetadata:
         """Produce bytes as they are (tests, tools that copy records between namespaces)."""
-        return await (await self._producer.send(topic, value, key=key))
+        return await (await self.send_raw_nowait(topic, value, key))
+
+    async def send_raw_nowait(
+        self, topic: str, value: bytes, key: bytes | None = None
+    ) -> asyncio.Future[Any]:
+        """Queue already-encoded bytes (e.g. from a durable spool); the future resolves on acknowledgement."""
+        fut = await self._producer.send(topic, value, key=key)
+        fut.add_done_callback(lambda f: f.exception() is None and PRODUCED.labels(topic).inc())
+        return fut
 
     async def flush(self) -> None:
         await self._producer.flush()

@@ -72,6 +72,9 @@ class EngineConfig(_Section):
     api_key: str | None = None
     timeout_s: PositiveFloat = 120.0
     retries: NonNegInt = 3
+    kind: Literal["turnstream", "sglang"] = "turnstream"
+    """How to ask for exact token ids: turnstream's engine streams them per chunk (``return_token_ids``);
+    SGLang returns them in ``meta_info`` (``return_meta_info``) for non-streamed requests."""
 
 
 class ProxyConfig(_Section):
@@ -82,12 +85,23 @@ class ProxyConfig(_Section):
     served_model_name: str = "turnstream-policy"
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
     spool_dir: str = ""
-    """Durable local spool for turns while Kafka is unreachable; empty: under the cache directory."""
+    """Durable local spool every turn passes through before Kafka; empty: under the cache directory."""
     missing_session: Literal["generate", "reject"] = "generate"
+    """A main turn without a session id: ``generate`` records it under a new id returned in the
+    ``X-Session-Id`` response header; ``reject`` answers 400."""
+    weights_root: str = ""
+    """Weight versions are loaded only from below this folder; empty: the cache's ``weights`` folder."""
+    tokenizer_path: str = ""
+    """Tokenizer for re-tokenizing when an engine returns no token ids (counted as a mismatch metric)."""
+    redis_timeout_ms: PositiveInt = 250
+    reload: bool = True
+    """Run the weight reloader in the proxy process."""
 
 
 class PairerConfig(_Section):
     idle_timeout_s: PositiveFloat = 1800.0
+    sweep_interval_s: PositiveFloat = 5.0
+    group_id: str = "turnstream-pairer"
 
 
 class JudgeConfig(_Section):

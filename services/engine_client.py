@@ -266,6 +266,33 @@ class EngineClient:
         data = await self._request("POST", "/v1/chat/completions", req, idempotent=greedy)
         return parse_chat_result(data)
 
+    async def chat_raw(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST the body as given (non-streamed) and return the engine's JSON. Retried only if unsent."""
+        return await self._request("POST", "/v1/chat/completions", body, idempotent=False)  # type: ignore[no-any-return]
+
+    async def open_chat_stream(self, body: dict[str, Any]) -> httpx.Response:
+        """Start a streamed chat completion and return the open response once the engine accepted it (status
+        < 400), so callers can map refusals to HTTP errors before sending their own first byte. The caller
+        iterates ``aiter_lines()`` and must ``aclose()`` it."""
+        request = self.http.build_request(
+            "POST",
+            self.base_url + "/v1/chat/completions",
+            json={**body, "stream": True},
+            headers=self.headers,
+            timeout=self.timeout,
+        )
+        try:
+            resp = await self.http.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"chat stream timed out: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise EngineError(f"chat stream failed: {exc!r}") from exc
+        if resp.status_code >= 400:
+            await resp.aread()
+            await resp.aclose()
+            raise EngineError(f"chat stream: {resp.status_code} {_error_message(resp)}", resp.status_code)
+        return resp
+
     async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Yields each SSE chunk as a dict, as the engine produces it. Errors before the first byte raise
         EngineError; an error event mid-stream raises EngineError too."""

@@ -1,0 +1,405 @@
+"""``turnstream proxy``: the OpenAI-compatible front door. Serves every request from the policy engine and
+records each main-line turn, after the response completed, without the user ever waiting on the recording."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+from services.config import Config
+from services.engine_client import EngineClient, EngineError, EngineTimeout, shared_http_client
+from services.proxy.recorder import TurnRecorder
+from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
+from services.proxy.turns import DROPPED, Completion, UnrecordableTurn, build_turn
+
+log = logging.getLogger("turnstream.proxy")
+
+REQUESTS = Counter("turnstream_proxy_requests_total", "Chat requests", ["turn_type", "stream", "status"])
+LATENCY = Histogram("turnstream_proxy_request_seconds", "Time to the complete response", ["stream"])
+
+_json_decoder = msgspec.json.Decoder()
+_json_encoder = msgspec.json.Encoder()
+_EXTRAS = ("token_ids", "prompt_token_ids", "meta_info")
+
+
+def openai_error(
+    status: int, message: str, err_type: str, code: str | None = None, headers: dict[str, str] | None = None
+) -> Response:
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    return Response(
+        _json_encoder.encode(body), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+class BadInput(Exception):
+    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclass
+class ProxyState:
+    config: Config
+    engine: EngineClient
+    redis: aioredis.Redis
+    recorder: TurnRecorder
+    weight_version: int = 0
+    """The last version the reloader saw the engine load (fallback when an engine reports none)."""
+    retokenize: Any = None
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    reloader: Any = None
+    reloader_task: asyncio.Task[None] | None = None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadInput(
+            413, f"request body of {declared} bytes exceeds the limit of {limit}", "request_too_large"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadInput(413, f"request body exceeds the limit of {limit} bytes", "request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        body = _json_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BadInput(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadInput(400, "the body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadInput(400, "'messages' must be a non-empty array of messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadInput(400, f"messages[{i}] must be an object with a string 'role'")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadInput(400, "'stream' must be a boolean")
+    return body
+
+
+def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
+    app = FastAPI(title="turnstream proxy", docs_url=None, redoc_url=None)
+    pc = config.proxy
+    api_key = pc.api_key.encode() if pc.api_key else None
+
+    @app.on_event("startup")
+    async def _startup() -> None:
+        nonlocal state
+        if state is None:
+            state = await build_state(config)
+        app.state.proxy = state
+
+    @app.on_event("shutdown")
+    async def _shutdown() -> None:
+        if state is not None:
+            if state.reloader is not None and state.reloader_task is not None:
+                state.reloader.stop()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(state.reloader_task, 10)
+            if state.tasks:
+                await asyncio.gather(*state.tasks, return_exceptions=True)
+            await state.recorder.stop()
+            await state.redis.aclose()
+
+    def authorized(request: Request) -> bool:
+        if api_key is None:
+            return True
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key)
+
+    async def next_turn_index(session_id: str) -> int | None:
+        assert state is not None
+        try:
+            key = f"{config.redis.key_prefix}turns:{session_id}"
+            return int(await asyncio.wait_for(state.redis.incr(key), pc.redis_timeout_ms / 1000))
+        except Exception as exc:  # Redis trouble must not fail the user's request
+            log.warning(
+                "turn numbering unavailable; the turn will not be recorded", extra={"error": repr(exc)}
+            )
+            return None
+
+    def finish_turn(
+        session: SessionInfo, index: int | None, body: dict[str, Any], completion: Completion, created: float
+    ) -> None:
+        assert state is not None and session.session_id is not None
+        if index is None:
+            DROPPED.labels("redis_unavailable").inc()
+            return
+
+        def build() -> None:
+            assert state is not None and session.session_id is not None and index is not None
+            try:
+                turn = build_turn(
+                    session_id=session.session_id,
+                    turn_index=index,
+                    body=body,
+                    completion=completion,
+                    model=body.get("model") or pc.served_model_name,
+                    created_at=created,
+                    session_done=session.done,
+                    fallback_version=state.weight_version,
+                    retokenize=state.retokenize,
+                )
+            except UnrecordableTurn as exc:
+                DROPPED.labels(exc.reason).inc()
+                log.warning("served turn not recorded", extra={"reason": exc.reason, "error": str(exc)})
+                return
+            state.recorder.record(turn)
+
+        if completion.token_ids is None or completion.prompt_token_ids is None:
+            # Re-tokenizing is slow: never on the event loop.
+            async def later() -> None:
+                turn_or_none = await asyncio.to_thread(_build_quietly, build)
+                del turn_or_none
+
+            task = asyncio.create_task(later())
+            state.tasks.add(task)
+            task.add_done_callback(state.tasks.discard)
+        else:
+            build()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        assert state is not None
+        created = time.time()
+        if not authorized(request):
+            return openai_error(
+                401, "invalid or missing bearer token", "authentication_error", "invalid_api_key"
+            )
+        try:
+            body = _parse(await _read_body(request, pc.max_body_bytes))
+            session = session_info(request.headers, body)
+        except BadInput as exc:
+            return openai_error(exc.status, str(exc), "invalid_request_error", exc.code)
+        except SessionError as exc:
+            return openai_error(400, str(exc), "invalid_request_error", "invalid_session")
+        headers: dict[str, str] = {}
+        index: int | None = None
+        if session.turn_type == "main":
+            if session.session_id is None:
+                if pc.missing_session == "reject":
+                    return openai_error(
+                        400, "main turns need X-Session-Id", "invalid_request_error", "missing_session"
+                    )
+                session = SessionInfo(new_session_id(), session.turn_type, session.done)
+            headers["X-Session-Id"] = session.session_id  # type: ignore[assignment]
+            index = await next_turn_index(session.session_id)  # type: ignore[arg-type]
+        stream = bool(body.get("stream"))
+        wants = {
+            "logprobs": bool(body.get("logprobs")),
+            **{k: bool(body.get(f"return_{k}")) for k in ("token_ids", "prompt_token_ids", "meta_info")},
+        }
+        forward = dict(body)
+        if session.turn_type == "main":
+            forward["logprobs"] = True
+            if config.engine.kind == "sglang":
+                forward["return_meta_info"] = True
+                forward["return_prompt_token_ids"] = True
+            else:
+                forward["return_token_ids"] = True
+                forward["return_prompt_token_ids"] = True
+        if stream:
+            return await _stream(request, session, index, body, forward, wants, headers, created)
+        try:
+            data = await state.engine.chat_raw(forward)
+        except EngineTimeout as exc:
+            REQUESTS.labels(session.turn_type, "false", "504").inc()
+            return openai_error(504, f"the model engine timed out: {exc}", "engine_timeout", headers=headers)
+        except EngineError as exc:
+            status = exc.status if exc.status is not None and 400 <= exc.status < 500 else 502
+            REQUESTS.labels(session.turn_type, "false", str(status)).inc()
+            return openai_error(status, f"the model engine failed: {exc}", "engine_error", headers=headers)
+        if session.turn_type == "main":
+            try:
+                completion = Completion.from_response(data)
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                DROPPED.labels("bad_engine_response").inc()
+                log.warning("engine response not understood; turn not recorded", extra={"error": repr(exc)})
+            else:
+                finish_turn(session, index, body, completion, created)
+        _strip(data, wants)
+        REQUESTS.labels(session.turn_type, "false", "200").inc()
+        LATENCY.labels("false").observe(time.time() - created)
+        return Response(_json_encoder.encode(data), media_type="application/json", headers=headers)
+
+    async def _stream(
+        request: Request,
+        session: SessionInfo,
+        index: int | None,
+        body: dict[str, Any],
+        forward: dict[str, Any],
+        wants: dict[str, bool],
+        headers: dict[str, str],
+        created: float,
+    ) -> Response:
+        assert state is not None
+        try:
+            upstream = await state.engine.open_chat_stream(forward)
+        except EngineTimeout as exc:
+            REQUESTS.labels(session.turn_type, "true", "504").inc()
+            return openai_error(504, f"the model engine timed out: {exc}", "engine_timeout", headers=headers)
+        except EngineError as exc:
+            status = exc.status if exc.status is not None and 400 <= exc.status < 500 else 502
+            REQUESTS.labels(session.turn_type, "true", str(status)).inc()
+            return openai_error(status, f"the model engine failed: {exc}", "engine_error", headers=headers)
+        main = session.turn_type == "main"
+        strip = not all(wants.values()) and main
+
+        async def relay() -> AsyncIterator[bytes]:
+            completion = Completion()
+            complete = False
+            try:
+                async for line in upstream.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        complete = True
+                        yield b"data: [DONE]\n\n"
+                        break
+                    if not main:
+                        yield b"data: " + payload.encode() + b"\n\n"
+                        continue
+                    chunk = _json_decoder.decode(payload)
+                    if "error" in chunk and "choices" not in chunk:
+                        yield b"data: " + payload.encode() + b"\n\n"
+                        break
+                    completion.add_chunk(chunk)
+                    if strip:
+                        _strip(chunk, wants)
+                        yield b"data: " + _json_encoder.encode(chunk) + b"\n\n"
+                    else:
+                        yield b"data: " + payload.encode() + b"\n\n"
+            except (
+                Exception
+            ) as exc:  # the engine broke off mid-stream: tell the client in-band, record nothing
+                log.warning("engine stream broke off", extra={"error": repr(exc)})
+                err = {
+                    "error": {
+                        "message": f"the model engine failed mid-stream: {exc}",
+                        "type": "engine_error",
+                        "param": None,
+                        "code": None,
+                    }
+                }
+                yield b"data: " + _json_encoder.encode(err) + b"\n\n"
+            finally:
+                await upstream.aclose()
+                REQUESTS.labels(session.turn_type, "true", "200" if complete else "aborted").inc()
+                LATENCY.labels("true").observe(time.time() - created)
+                if main:
+                    if complete:
+                        finish_turn(session, index, body, completion, created)
+                    else:
+                        DROPPED.labels("stream_incomplete").inc()
+
+        return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        assert state is not None
+        try:
+            data = await state.engine.models()
+        except EngineError as exc:
+            return openai_error(502, f"the model engine failed: {exc}", "engine_error")
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        assert state is not None
+        engine_ok = await state.engine.health()
+        body = {
+            "status": "ok" if engine_ok else "degraded",
+            "engine": engine_ok,
+            "spool_pending": state.recorder.pending,
+            "weight_version": state.weight_version,
+        }
+        return JSONResponse(body, status_code=200 if engine_ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unexpected error")
+        return openai_error(500, "internal error in the proxy", "internal_error")
+
+    return app
+
+
+def _build_quietly(build: Any) -> None:
+    try:
+        build()
+    except Exception:
+        log.exception("recording a turn failed")
+
+
+def _strip(data: dict[str, Any], wants: dict[str, bool]) -> None:
+    """Remove what the proxy asked the engine for on its own account, so clients see what they asked for."""
+    for choice in data.get("choices") or ():
+        if not wants["logprobs"]:
+            choice["logprobs"] = None
+        for extra in _EXTRAS:
+            if not wants[extra]:
+                choice.pop(extra, None)
+    if not wants["prompt_token_ids"]:
+        data.pop("prompt_token_ids", None)
+
+
+async def build_state(config: Config) -> ProxyState:
+    from pathlib import Path
+
+    from services.model_store import cache_dir
+
+    pc = config.proxy
+    engine = EngineClient(
+        config.engine.url,
+        api_key=config.engine.api_key,
+        timeout_s=config.engine.timeout_s,
+        retries=config.engine.retries,
+        client=shared_http_client(),
+    )
+    spool_dir = Path(pc.spool_dir) if pc.spool_dir else cache_dir() / "spool" / f"proxy-{pc.port}"
+    recorder = TurnRecorder(config.kafka, spool_dir)
+    await recorder.start()
+    state = ProxyState(
+        config=config, engine=engine, redis=aioredis.from_url(config.redis.url), recorder=recorder
+    )
+    if pc.tokenizer_path:
+        from services.proxy.retokenize import Retokenizer
+
+        state.retokenize = Retokenizer(pc.tokenizer_path)
+    with contextlib.suppress(EngineError, KeyError, ValueError):
+        info = await engine.model_info()
+        version = str(info.get("weight_version", ""))
+        state.weight_version = int(version) if version.isdigit() else 0
+    if pc.reload:
+        from services.proxy.reloader import Reloader
+
+        root = Path(pc.weights_root) if pc.weights_root else cache_dir() / "weights"
+        state.reloader = Reloader(config.kafka, engine, root, state)
+        state.reloader_task = asyncio.create_task(state.reloader.run())
+    return state

@@ -1,0 +1,171 @@
+"""``turnstream pairer``: pairs every turn with its next state (``turns`` -> ``turns.paired``).
+
+The next state of turn n is everything turn n+1's request adds after turn n's assistant message (a user
+message, or one or more tool results, with their roles). If that request's history does not hold turn n's
+response where expected, the pairing uses its last message and is flagged ``misaligned``. A session-done turn,
+and a session idle longer than ``pairer.idle_timeout_s``, get a terminal pairing.
+
+State (the last turn of each open session) lives in Redis and is rebuilt by replaying ``turns``. Idle decisions
+use event time when a later turn arrives (so a replay pairs exactly as live operation did) and wall-clock time
+in the periodic sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis.asyncio as aioredis
+from prometheus_client import Counter
+
+from schemas import Message, PairedTurn, Turn, decode, encode
+from schemas.topics import TURNS, TURNS_PAIRED
+from services.bus import EventConsumer, EventProducer, Record
+from services.config import Config
+from services.metrics import serve_metrics
+
+log = logging.getLogger("turnstream.pairer")
+
+PAIRS = Counter("turnstream_pairer_pairs_total", "Paired turns emitted", ["kind"])
+SKIPPED = Counter("turnstream_pairer_skipped_total", "Turns not paired again", ["reason"])
+
+# Delete the session's state only if it is still the turn the sweep looked at (another pairer may have moved on).
+_COMPARE_AND_DELETE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+def _calls(m: Message) -> list[tuple[str, str]]:
+    return [(c.function.name, c.function.arguments) for c in m.tool_calls or ()]
+
+
+def _text(m: Message) -> str:
+    content = m.content
+    if isinstance(content, list):
+        content = "".join(str(p.get("text", "")) for p in content)
+    return (content or "").strip()
+
+
+def same_response(history: Message, response: Message) -> bool:
+    """Whether a history message is the recorded response (clients may drop reasoning or re-serialize)."""
+    return (
+        history.role == "assistant"
+        and _text(history) == _text(response)
+        and _calls(history) == _calls(response)
+    )
+
+
+def next_state(prev: Turn, following: Turn) -> tuple[list[Message], bool]:
+    """(next state, misaligned) of ``prev`` given the request of the session's following turn."""
+    n = len(prev.messages)
+    msgs = following.messages
+    if len(msgs) > n + 1 and same_response(msgs[n], prev.response):
+        return list(msgs[n + 1 :]), False
+    return [msgs[-1]], True
+
+
+class Pairer:
+    def __init__(self, config: Config, redis: aioredis.Redis, producer: EventProducer) -> None:
+        self.config = config
+        self.redis = redis
+        self.producer = producer
+        self.timeout = config.pairer.idle_timeout_s
+        prefix = config.redis.key_prefix
+        self._state = prefix + "pairer:s:"
+        self._idle = prefix + "pairer:idle"
+        self._cad = redis.register_script(_COMPARE_AND_DELETE)
+        self._last_sweep = 0.0
+
+    async def handle(self, batch: list[Record[Turn]]) -> None:
+        for rec in batch:
+            await self.on_turn(rec.event)
+
+    async def on_turn(self, turn: Turn) -> None:
+        key = self._state + turn.session_id
+        raw = await self.redis.get(key)
+        prev = decode(raw, Turn) if raw else None
+        out: list[PairedTurn] = []
+        if prev is not None:
+            if turn.turn_index <= prev.turn_index:
+                SKIPPED.labels("duplicate_or_old").inc()
+                return
+            if turn.created_at - prev.completed_at > self.timeout:
+                out.append(self._terminal(prev, "idle_timeout"))
+            else:
+                state, misaligned = next_state(prev, turn)
+                out.append(
+                    PairedTurn(turn=prev, next_state=state, paired_at=time.time(), misaligned=misaligned)
+                )
+        if turn.session_done:
+            out.append(self._terminal(turn, "session_done"))
+        for paired in out:
+            await self.producer.send(TURNS_PAIRED, paired, turn.session_id)
+            PAIRS.labels(self._kind(paired)).inc()
+        pipe = self.redis.pipeline(transaction=True)
+        if turn.session_done:
+            pipe.delete(key).zrem(self._idle, turn.session_id)
+        else:
+            pipe.set(key, encode(turn)).zadd(self._idle, {turn.session_id: turn.completed_at})
+        await pipe.execute()
+
+    def _terminal(self, turn: Turn, reason: str) -> PairedTurn:
+        return PairedTurn(turn=turn, next_state=None, paired_at=time.time(), terminal_reason=reason)
+
+    @staticmethod
+    def _kind(p: PairedTurn) -> str:
+        if p.terminal_reason:
+            return p.terminal_reason
+        return "misaligned" if p.misaligned else "next_state"
+
+    async def sweep(self, now: float | None = None) -> int:
+        """Terminal pairings for sessions idle past the timeout. Returns how many were closed."""
+        now = time.time() if now is None else now
+        closed = 0
+        for sid in await self.redis.zrangebyscore(self._idle, "-inf", now - self.timeout, start=0, num=500):
+            sid_s = sid.decode() if isinstance(sid, bytes) else str(sid)
+            key = self._state + sid_s
+            raw = await self.redis.get(key)
+            if raw is None:
+                await self.redis.zrem(self._idle, sid_s)
+                continue
+            turn = decode(raw, Turn)
+            await self.producer.send(TURNS_PAIRED, self._terminal(turn, "idle_timeout"), sid_s)
+            PAIRS.labels("idle_timeout").inc()
+            await self._cad(keys=[key, self._idle], args=[raw, sid_s])
+            closed += 1
+        return closed
+
+    async def maybe_sweep(self) -> None:
+        now = time.time()
+        if now - self._last_sweep >= self.config.pairer.sweep_interval_s:
+            self._last_sweep = now
+            await self.sweep(now)
+
+
+async def run_pairer(config: Config, *, install_signals: bool = True) -> None:
+    serve_metrics(config.metrics.port)
+    redis = aioredis.from_url(config.redis.url)
+    producer = EventProducer(config.kafka, client_id=f"{config.kafka.client_id}-pairer")
+    await producer.start()
+    consumer = EventConsumer(config.kafka, [TURNS], config.pairer.group_id, deadletter=producer)
+    pairer = Pairer(config, redis, producer)
+    await consumer.start()
+    if install_signals:
+        consumer.install_signal_handlers()
+    log.info(
+        "pairer running",
+        extra={"group": config.pairer.group_id, "idle_timeout_s": config.pairer.idle_timeout_s},
+    )
+    try:
+        await consumer.run(pairer.handle, idle=pairer.maybe_sweep)
+    finally:
+        await producer.stop()
+        await redis.aclose()
+
+
+__all__ = ["Pairer", "next_state", "run_pairer", "same_response"]

@@ -1,0 +1,173 @@
+"""Records turns without ever touching the user's response path.
+
+``record()`` only appends to a buffer. A writer task moves buffered turns to the durable spool (one fsync per
+group), and a publisher task sends spooled turns to Kafka in order, advancing the spool's cursor only after the
+broker acknowledged them. While Kafka is unreachable turns accumulate in the spool and go out, in order, once it
+is back; turn ids are stable, so a resend is recognisable downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from pathlib import Path
+
+from prometheus_client import Counter, Gauge
+
+from schemas import Turn, encode
+from schemas.topics import TURNS
+from services.bus import EventProducer
+from services.config import KafkaConfig
+from services.proxy.spool import Spool
+
+log = logging.getLogger("turnstream.proxy.recorder")
+
+RECORDED = Counter("turnstream_proxy_turns_recorded_total", "Turns written to the durable spool")
+PUBLISHED = Counter("turnstream_proxy_turns_published_total", "Turns acknowledged by Kafka")
+PUBLISH_FAILURES = Counter(
+    "turnstream_proxy_publish_failures_total", "Failed attempts to publish spooled turns"
+)
+SPOOLED = Gauge("turnstream_proxy_spool_pending", "Turns in the spool not yet acknowledged by Kafka")
+
+_KEY_LEN = struct.Struct("<H")
+
+
+def _pack(key: bytes, value: bytes) -> bytes:
+    return _KEY_LEN.pack(len(key)) + key + value
+
+
+def _unpack(record: bytes) -> tuple[bytes, bytes]:
+    (n,) = _KEY_LEN.unpack_from(record)
+    return record[2 : 2 + n], record[2 + n :]
+
+
+class TurnRecorder:
+    def __init__(self, kafka: KafkaConfig, spool_dir: str | Path, batch: int = 256) -> None:
+        self.kafka = kafka
+        self.spool_dir = Path(spool_dir)
+        self.batch = batch
+        self.spool: Spool | None = None
+        self._buffer: list[bytes] = []
+        self._wrote = asyncio.Event()
+        self._buffered = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._producer: EventProducer | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        self.spool = await asyncio.to_thread(Spool, self.spool_dir)
+        SPOOLED.set(self.spool.pending)
+        if self.spool.pending:
+            log.info(
+                "spool holds unpublished turns from a previous run", extra={"pending": self.spool.pending}
+            )
+            self._wrote.set()
+        self._tasks = [asyncio.create_task(self._writer()), asyncio.create_task(self._publisher())]
+
+    def record(self, turn: Turn) -> None:
+        """Queue a turn for the spool. Never blocks and never raises on the caller's path."""
+        self._buffer.append(_pack(turn.session_id.encode(), encode(turn)))
+        self._buffered.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer) + (self.spool.pending if self.spool else 0)
+
+    async def _writer(self) -> None:
+        assert self.spool is not None
+        while True:
+            await self._buffered.wait()
+            self._buffered.clear()
+            batch, self._buffer = self._buffer, []
+            if batch:
+                await asyncio.to_thread(self.spool.append, batch)
+                RECORDED.inc(len(batch))
+                SPOOLED.set(self.spool.pending)
+                self._wrote.set()
+            if self._closing and not self._buffer:
+                return
+
+    async def _connect(self) -> EventProducer:
+        backoff = 0.2
+        while True:
+            producer = EventProducer(self.kafka, client_id=f"{self.kafka.client_id}-proxy")
+            try:
+                await producer.start()
+                return producer
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                PUBLISH_FAILURES.inc()
+                log.warning("Kafka unreachable; turns stay in the spool", extra={"error": repr(exc)})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _publisher(self) -> None:
+        assert self.spool is not None
+        topic = TURNS.name(self.kafka.namespace)
+        backoff = 0.2
+        while True:
+            if self.spool.pending == 0:
+                if self._closing:
+                    return
+                await self._wrote.wait()
+                self._wrote.clear()
+                continue
+            if self._producer is None:
+                self._producer = await self._connect()
+            records = await asyncio.to_thread(self.spool.peek, self.batch)
+            futures = []
+            for rec in records:
+                key, value = _unpack(rec)
+                try:
+                    futures.append(await self._producer.send_raw_nowait(topic, value, key))
+                except Exception as exc:
+                    futures.append(_failed(exc))
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            ok = 0
+            for r in results:
+                if isinstance(r, BaseException):
+                    break
+                ok += 1
+            if ok:
+                await asyncio.to_thread(self.spool.commit, ok)
+                PUBLISHED.inc(ok)
+                SPOOLED.set(self.spool.pending)
+                backoff = 0.2
+            if ok < len(records):
+                PUBLISH_FAILURES.inc()
+                log.warning(
+                    "publishing turns failed; retrying from the spool",
+                    extra={"published": ok, "failed": len(records) - ok, "error": repr(results[ok])},
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Flush the buffer to the spool, give Kafka a moment to take what is spooled, then close."""
+        self._closing = True
+        self._buffered.set()
+        self._wrote.set()
+        if self._tasks:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._tasks[0], drain_timeout_s)
+            try:
+                await asyncio.wait_for(self._tasks[1], drain_timeout_s)
+            except TimeoutError:
+                log.warning("stopping with turns still spooled", extra={"pending": self.pending})
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+        if self.spool is not None:
+            self.spool.close()
+
+
+def _failed(exc: BaseException) -> asyncio.Future[None]:
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    fut.set_exception(exc)
+    return fut

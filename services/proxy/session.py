@@ -1,0 +1,50 @@
+"""OpenClaw's session fields (headers or body) and per-session turn numbering in Redis."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import Headers
+
+BODY_FIELDS = ("session_id", "turn_type", "session_done")
+TRUE = {"1", "true", "yes", "on"}
+
+
+class SessionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str | None
+    turn_type: str
+    """``main`` (recorded) or ``side`` (forwarded, never recorded)."""
+    done: bool
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in TRUE
+
+
+def session_info(headers: Headers, body: dict[str, Any]) -> SessionInfo:
+    """Read the session fields and strip the body's copies (the engine must not see them). Headers win."""
+    b_sid, b_type, b_done = (body.pop(k, None) for k in BODY_FIELDS)
+    sid = headers.get("x-session-id") or b_sid
+    turn_type = (headers.get("x-turn-type") or b_type or "main").strip().lower()
+    if turn_type not in ("main", "side"):
+        raise SessionError(f"X-Turn-Type must be 'main' or 'side', not {turn_type!r}")
+    done_raw = headers.get("x-session-done")
+    done = _flag(done_raw) if done_raw is not None else (_flag(b_done) if b_done is not None else False)
+    if sid is not None:
+        sid = str(sid).strip()
+        if not sid or len(sid) > 256 or any(c in sid for c in "\r\n\0"):
+            raise SessionError("X-Session-Id must be 1-256 printable characters")
+    return SessionInfo(sid or None, turn_type, done)
+
+
+def new_session_id() -> str:
+    return f"anon-{uuid.uuid4().hex}"
