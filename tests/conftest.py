@@ -3,11 +3,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
 from services.config import KafkaConfig, RedisConfig
+from services.engine.launch import EngineProcess
+from services.model_store import fetch_smollm2
 from services.topics import create_topics
 from tests.infra import Service, start_kafka, start_redis
 
@@ -70,3 +73,42 @@ async def redis_client(redis_config: RedisConfig) -> AsyncIterator[aioredis.Redi
     if keys:
         await client.delete(*keys)
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return fetch_smollm2(log=False)
+
+
+@pytest.fixture(scope="session")
+def engine(smollm2_path: Path) -> Iterator[EngineProcess]:
+    """One shared SmolLM2 engine for tests that do not change its weights."""
+    proc = EngineProcess(smollm2_path)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def hf_model(smollm2_path: Path):  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def perturbed_weights(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 with every MLP down-projection scaled: a clearly different policy of the same shape."""
+    out = tmp_path_factory.mktemp("smollm2-v1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight.mul_(1.5)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(smollm2_path).save_pretrained(out)
+    return out

@@ -61,7 +61,7 @@ def _decode_body(raw: bytes, kind: type[Any]) -> Any:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
 
 
@@ -157,7 +157,7 @@ def create_app(settings: EngineSettings, runner: Runner | None = None) -> FastAP
         for penalty in ("presence_penalty", "frequency_penalty"):
             if getattr(req, penalty):
                 raise BadRequest(f"{penalty} is not supported by this engine (only 0)")
-        messages = [_text_of(m) for m in json.loads(raw)["messages"]]
+        messages = [_text_of(m) for m in msgspec.json.decode(raw)["messages"]]
         tools = req.tools if req.tool_choice != "none" else None
         ids = await asyncio.to_thread(render, messages, tools, req.chat_template_kwargs or {})
         max_new = (

@@ -83,7 +83,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
         body = _json_decoder.decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # invalid UTF-8 surfaces as UnicodeDecodeError
         raise BadInput(400, f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadInput(400, "the body must be a JSON object")

@@ -8,6 +8,7 @@ writing) fails its CRC and is cut off at open. Drained segments are deleted.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import threading
@@ -24,6 +25,15 @@ class Spool:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
+        # One process per spool: two publishers draining one spool would send every turn twice.
+        self._lockfile = open(self.dir / "lock", "w")
+        try:
+            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lockfile.close()
+            raise RuntimeError(
+                f"spool {self.dir} is in use by another process (give each proxy its own)"
+            ) from None
         segments = self._segments()
         self._write_seg = segments[-1] if segments else 0
         self._read_seg, self._read_off = self._load_cursor(segments)
@@ -159,3 +169,4 @@ class Spool:
     def close(self) -> None:
         with self._lock:
             self._fh.close()
+            self._lockfile.close()

@@ -12,6 +12,7 @@ from tests.services.engine.conftest import EngineProcess
 
 CHAT_CASES: list[tuple[Any, str]] = [
     (b"{not json", "malformed JSON"),
+    (b'{"messages": [{"role": "user", "content": "\xff"}]}', "malformed JSON"),
     ({}, "messages"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),

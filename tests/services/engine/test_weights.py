@@ -11,23 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.services.engine.conftest import EngineProcess
-
-
-@pytest.fixture(scope="module")
-def perturbed_weights(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2 with every MLP down-projection scaled: a clearly different policy of the same shape."""
-    out = tmp_path_factory.mktemp("smollm2-v1")
-    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.mlp.down_proj.weight.mul_(1.5)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(smollm2_path).save_pretrained(out)
-    return out
 
 
 @pytest.fixture

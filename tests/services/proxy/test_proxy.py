@@ -1,0 +1,295 @@
+"""The proxy end to end: the official openai SDK through the proxy to the real CPU engine; recorded turns hold
+exactly what the engine produced."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from services.config import KafkaConfig
+from services.engine.launch import EngineProcess
+from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
+
+pytestmark = pytest.mark.integration
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def sdk(proxy: ProxyProcess, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.url + "/v1", api_key=kw.pop("api_key", "unused"), **kw)
+
+
+async def rescore(engine: EngineProcess, prompt: list[int], response: list[int]) -> list[float]:
+    async with httpx.AsyncClient(timeout=120) as http:
+        r = await http.post(
+            engine.url + "/generate",
+            json={
+                "input_ids": prompt + response,
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": len(prompt) - 1,
+            },
+        )
+    return [e[0] for e in r.json()["meta_info"]["input_token_logprobs"][1:]]
+
+
+async def test_non_streaming_turn_records_the_engines_exact_tokens(
+    proxy: ProxyProcess, engine: EngineProcess, kafka: KafkaConfig
+) -> None:
+    client = sdk(proxy, default_headers={"X-Session-Id": "sess-a", "X-Turn-Type": "main"})
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."}]
+    resp = client.chat.completions.create(model="policy", messages=messages, max_tokens=12, temperature=0)
+    assert resp.choices[0].message.content
+    assert resp.choices[0].logprobs is None, "the client did not ask for log-probs, so it sees none"
+    assert "token_ids" not in (resp.choices[0].model_extra or {})
+
+    (turn,) = await wait_for_turns(kafka, 1)
+    assert turn.turn_id == "sess-a:1" and turn.session_id == "sess-a" and turn.turn_index == 1
+    assert turn.response.content == resp.choices[0].message.content
+    assert [m.content for m in turn.messages] == ["Be brief.", "Name a fruit."]
+    assert len(turn.response_token_ids) == resp.usage.completion_tokens == len(turn.response_logprobs)
+    assert len(turn.prompt_token_ids) == resp.usage.prompt_tokens
+    assert turn.token_source == "engine" and turn.weight_version == 0 and turn.sampling.temperature == 0
+    # The same request straight to the engine produces the same ids (greedy) ...
+    async with httpx.AsyncClient(timeout=120) as http:
+        direct = (
+            await http.post(
+                engine.url + "/v1/chat/completions",
+                json={
+                    "messages": messages,
+                    "max_tokens": 12,
+                    "temperature": 0,
+                    "logprobs": True,
+                    "return_token_ids": True,
+                    "return_prompt_token_ids": True,
+                },
+            )
+        ).json()["choices"][0]
+    assert turn.prompt_token_ids == direct["prompt_token_ids"]
+    assert turn.response_token_ids == direct["token_ids"]
+    # ... and the recorded log-probs are the model's for exactly those tokens, position by position.
+    scored = await rescore(engine, turn.prompt_token_ids, turn.response_token_ids)
+    assert max(abs(a - b) for a, b in zip(scored, turn.response_logprobs, strict=True)) < 1e-4
+
+
+async def test_streaming_with_tools_records_what_was_streamed(
+    proxy: ProxyProcess, engine: EngineProcess, kafka: KafkaConfig
+) -> None:
+    client = sdk(proxy)
+    stream = client.chat.completions.create(
+        model="policy",
+        messages=[{"role": "user", "content": "What's the weather in Oslo?"}],
+        tools=TOOLS,
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        logprobs=True,
+        extra_headers={"X-Session-Id": "sess-s"},
+        extra_body={"ignore_eos": True},
+    )
+    text, lps, chunks = [], [], 0
+    for chunk in stream:
+        chunks += 1
+        for c in chunk.choices:
+            if c.delta.content:
+                text.append(c.delta.content)
+            if c.logprobs and c.logprobs.content:
+                lps.extend(x.logprob for x in c.logprobs.content)
+    assert chunks > 10, "chunks were relayed as produced, not buffered into one"
+    (turn,) = await wait_for_turns(kafka, 1)
+    assert turn.session_id == "sess-s" and turn.tools == TOOLS
+    assert turn.response.content == "".join(text)
+    assert turn.response_logprobs == pytest.approx(lps) and len(turn.response_token_ids) == 24
+    scored = await rescore(engine, turn.prompt_token_ids, turn.response_token_ids)
+    assert max(abs(a - b) for a, b in zip(scored, turn.response_logprobs, strict=True)) < 1e-4
+
+
+async def test_side_turns_are_not_recorded_and_session_done_is(
+    proxy: ProxyProcess, kafka: KafkaConfig
+) -> None:
+    client = sdk(proxy)
+    msgs = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(
+        model="p",
+        messages=msgs,
+        max_tokens=3,
+        extra_headers={"X-Session-Id": "s-side", "X-Turn-Type": "side"},
+    )
+    # The same fields in the body work too (and never reach the engine, which would reject them).
+    client.chat.completions.create(
+        model="p",
+        messages=msgs,
+        max_tokens=3,
+        extra_body={"session_id": "s-done", "turn_type": "main", "session_done": True},
+    )
+    turns = await wait_for_turns(kafka, 1)
+    await asyncio.sleep(1.0)
+    turns = await wait_for_turns(kafka, 1)
+    assert [t.turn_id for t in turns] == ["s-done:1"]
+    assert turns[0].session_done is True
+
+
+async def test_missing_session_id_gets_a_generated_one(proxy: ProxyProcess, kafka: KafkaConfig) -> None:
+    resp = httpx.post(
+        proxy.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+        timeout=60,
+    )
+    assert resp.status_code == 200
+    sid = resp.headers["x-session-id"]
+    assert sid.startswith("anon-")
+    (turn,) = await wait_for_turns(kafka, 1)
+    assert turn.session_id == sid
+
+
+async def test_two_replicas_number_one_session_consecutively(
+    proxy: ProxyProcess, proxy_env: dict[str, str], kafka: KafkaConfig
+) -> None:
+    other = ProxyProcess(proxy_env)
+    try:
+        history: list[dict[str, Any]] = []
+        for i, replica in enumerate([proxy, other, proxy]):
+            history.append({"role": "user", "content": f"message {i}"})
+            resp = httpx.post(
+                replica.url + "/v1/chat/completions",
+                headers={"X-Session-Id": "shared"},
+                json={"messages": history, "max_tokens": 4, "temperature": 0},
+                timeout=60,
+            )
+            assert resp.status_code == 200
+            history.append(resp.json()["choices"][0]["message"])
+    finally:
+        other.stop()
+    turns = await wait_for_turns(kafka, 3)
+    assert sorted(t.turn_id for t in turns) == ["shared:1", "shared:2", "shared:3"]
+    by_index = {t.turn_index: t for t in turns}
+    assert [len(by_index[i].messages) for i in (1, 2, 3)] == [1, 3, 5]
+
+
+def test_bearer_auth(proxy_env: dict[str, str]) -> None:
+    secured = ProxyProcess({**proxy_env, "TURNSTREAM_PROXY_API_KEY": "sk-right"})
+    try:
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+        for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic sk-right"}):
+            r = httpx.post(secured.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        ok = sdk(secured, api_key="sk-right").chat.completions.create(
+            model="p", messages=body["messages"], max_tokens=1
+        )
+        assert ok.choices[0].message is not None
+    finally:
+        secured.stop()
+
+
+BAD: list[tuple[bytes, int, str]] = [
+    (b"{oops", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b'{"model": "x"}', 400, "messages"),
+    (b'{"messages": []}', 400, "messages"),
+    (b'{"messages": "hi"}', 400, "messages"),
+    (b'{"messages": [{"content": "no role"}]}', 400, "role"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "stream"),
+    (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, "JSON"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n"),
+]
+
+
+@pytest.mark.parametrize(("raw", "status", "needle"), BAD)
+def test_bad_input_gets_openai_errors_and_the_proxy_keeps_serving(
+    proxy: ProxyProcess, raw: bytes, status: int, needle: str
+) -> None:
+    r = httpx.post(
+        proxy.url + "/v1/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == status, r.text
+    assert needle in r.json()["error"]["message"]
+    ok = httpx.post(
+        proxy.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+        timeout=60,
+    )
+    assert ok.status_code == 200
+
+
+def test_huge_bodies_are_413(proxy_env: dict[str, str]) -> None:
+    small = ProxyProcess({**proxy_env, "TURNSTREAM_PROXY_MAX_BODY_BYTES": "4096"})
+    try:
+        big = {"messages": [{"role": "user", "content": "x" * 10_000}]}
+        r = httpx.post(small.url + "/v1/chat/completions", json=big, timeout=60)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+        def chunks():  # no Content-Length: the limit holds for chunked bodies too
+            yield b'{"messages": [{"role": "user", "content": "'
+            for _ in range(10):
+                yield b"y" * 1000
+            yield b'"}]}'
+
+        r = httpx.post(small.url + "/v1/chat/completions", content=chunks(), timeout=60)
+        assert r.status_code == 413
+    finally:
+        small.stop()
+
+
+async def test_engine_failure_is_502_and_records_nothing(
+    proxy_env: dict[str, str], kafka: KafkaConfig
+) -> None:
+    from services.engine.launch import free_port
+
+    dead = ProxyProcess(
+        {
+            **proxy_env,
+            "TURNSTREAM_ENGINE_URL": f"http://127.0.0.1:{free_port()}",
+            "TURNSTREAM_ENGINE_RETRIES": "0",
+        }
+    )
+    try:
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+        r = httpx.post(
+            dead.url + "/v1/chat/completions", json=body, headers={"X-Session-Id": "dead"}, timeout=60
+        )
+        assert r.status_code == 502 and r.json()["error"]["type"] == "engine_error"
+        r = httpx.post(dead.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+        assert r.status_code == 502
+        assert httpx.get(dead.url + "/healthz", timeout=10).status_code == 503
+    finally:
+        dead.stop()
+    assert await wait_for_turns(kafka, 1, timeout=2) == []
+
+
+async def test_engine_timeout_is_504(proxy_env: dict[str, str], kafka: KafkaConfig) -> None:
+    slow = ProxyProcess({**proxy_env, "TURNSTREAM_ENGINE_TIMEOUT_S": "0.3"})
+    try:
+        body = {
+            "messages": [{"role": "user", "content": "Tell a story."}],
+            "max_tokens": 200,
+            "ignore_eos": True,
+        }
+        r = httpx.post(slow.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "engine_timeout"
+    finally:
+        slow.stop()
+    assert await wait_for_turns(kafka, 1, timeout=2) == []
+
+
+def test_healthz_and_models(proxy: ProxyProcess) -> None:
+    h = httpx.get(proxy.url + "/healthz", timeout=10).json()
+    assert h["status"] == "ok" and h["engine"] is True
+    models = sdk(proxy).models.list()
+    assert models.data and models.data[0].id
+    assert "turnstream_proxy_requests_total" in httpx.get(proxy.url + "/metrics", timeout=10).text
