@@ -12,6 +12,7 @@ in the periodic sweep.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -147,7 +148,10 @@ class Pairer:
             await self.sweep(now)
 
 
-async def run_pairer(config: Config, *, install_signals: bool = True) -> None:
+async def run_pairer(
+    config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
+) -> None:
+    """Run until SIGTERM/SIGINT (or ``stop`` is set): the in-flight batch finishes and is committed."""
     serve_metrics(config.metrics.port)
     redis = aioredis.from_url(config.redis.url)
     producer = EventProducer(config.kafka, client_id=f"{config.kafka.client_id}-pairer")
@@ -157,6 +161,7 @@ async def run_pairer(config: Config, *, install_signals: bool = True) -> None:
     await consumer.start()
     if install_signals:
         consumer.install_signal_handlers()
+    watcher = asyncio.create_task(_stop_when(stop, consumer)) if stop is not None else None
     log.info(
         "pairer running",
         extra={"group": config.pairer.group_id, "idle_timeout_s": config.pairer.idle_timeout_s},
@@ -164,8 +169,15 @@ async def run_pairer(config: Config, *, install_signals: bool = True) -> None:
     try:
         await consumer.run(pairer.handle, idle=pairer.maybe_sweep)
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await producer.stop()
         await redis.aclose()
+
+
+async def _stop_when(event: asyncio.Event, consumer: EventConsumer) -> None:
+    await event.wait()
+    consumer.request_stop()
 
 
 __all__ = ["Pairer", "next_state", "run_pairer", "same_response"]

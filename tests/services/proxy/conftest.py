@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schemas import Turn
-from schemas.topics import TURNS
+from schemas import PairedTurn, Turn
+from schemas.topics import TURNS, TURNS_PAIRED
 from services.bus import read_topic
-from services.config import KafkaConfig, RedisConfig
+from services.config import Config, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess, free_port
 
 
@@ -90,3 +90,21 @@ async def wait_for_turns(kafka: KafkaConfig, count: int, timeout: float = 60.0) 
         if len(turns) >= count or time.monotonic() > deadline:
             return turns
         await asyncio.sleep(0.3)
+
+
+async def pair_all(config: Config, expect: int, timeout: float = 60.0) -> list[PairedTurn]:
+    """Run the pairer on the config's namespace until ``expect`` pairs exist; returns them all."""
+    from services.proxy.pairer import run_pairer
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_pairer(config, install_signals=False, stop=stop))
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            paired = [r.event async for r in read_topic(config.kafka, TURNS_PAIRED)]
+            if len(paired) >= expect or time.monotonic() > deadline:
+                return paired
+            await asyncio.sleep(0.3)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)

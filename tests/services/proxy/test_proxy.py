@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from services.config import KafkaConfig
+from services.config import Config, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
-from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
+from tests.services.proxy.conftest import ProxyProcess, pair_all, wait_for_turns
 
 pytestmark = pytest.mark.integration
 
@@ -177,6 +177,17 @@ async def test_two_replicas_number_one_session_consecutively(
     assert sorted(t.turn_id for t in turns) == ["shared:1", "shared:2", "shared:3"]
     by_index = {t.turn_index: t for t in turns}
     assert [len(by_index[i].messages) for i in (1, 2, 3)] == [1, 3, 5]
+    # The pairer follows the session across replicas: each turn's next state is the following user message.
+    config = Config(
+        kafka=kafka,
+        redis=RedisConfig(
+            url=proxy_env["TURNSTREAM_REDIS_URL"], key_prefix=proxy_env["TURNSTREAM_REDIS_KEY_PREFIX"]
+        ),
+    )
+    pairs = {p.turn_id: p for p in await pair_all(config, expect=2) if p.next_state is not None}
+    assert [m.content for m in pairs["shared:1"].next_state] == ["message 1"]
+    assert [m.content for m in pairs["shared:2"].next_state] == ["message 2"]
+    assert not pairs["shared:1"].misaligned and not pairs["shared:2"].misaligned
 
 
 def test_bearer_auth(proxy_env: dict[str, str]) -> None:

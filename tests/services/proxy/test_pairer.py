@@ -1,0 +1,129 @@
+"""The pairer: next states with roles, misaligned histories, session done, idle timeouts, and replay."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+import pytest
+
+from schemas import FunctionCall, Message, PairedTurn, ToolCall, Turn
+from schemas.topics import TURNS
+from services.bus import EventProducer, read_topic
+from services.config import Config, KafkaConfig, PairerConfig, RedisConfig
+from services.proxy.pairer import next_state
+from services.topics import create_topics
+from tests.services.proxy.conftest import pair_all
+from tests.strategies import example_turn
+
+U = Message(role="user", content="What's the weather in Paris and Oslo?")
+CALLS = Message(
+    role="assistant",
+    content="",
+    tool_calls=[
+        ToolCall(id="c1", function=FunctionCall(name="weather", arguments='{"city": "Paris"}')),
+        ToolCall(id="c2", function=FunctionCall(name="weather", arguments='{"city": "Oslo"}')),
+    ],
+)
+T1 = Message(role="tool", content="18C", tool_call_id="c1")
+T2 = Message(role="tool", content="9C", tool_call_id="c2")
+
+
+def turn(sid: str, n: int, messages: list[Message], response: Message, t: float = 1000.0, **kw: Any) -> Turn:
+    return example_turn(sid, n, messages=messages, response=response, created_at=t, completed_at=t + 1, **kw)
+
+
+def test_next_state_keeps_every_tool_result_with_roles() -> None:
+    first = turn("s", 1, [U], CALLS)
+    second = turn("s", 2, [U, CALLS, T1, T2], Message(role="assistant", content="Paris 18C, Oslo 9C."))
+    state, misaligned = next_state(first, second)
+    assert state == [T1, T2] and not misaligned
+
+
+def test_reasoning_dropped_by_the_client_still_aligns() -> None:
+    resp = Message(role="assistant", content="Hello!", reasoning_content="greet back")
+    first = turn("s", 1, [U], resp)
+    thanks = Message(role="user", content="thanks")
+    second = turn("s", 2, [U, Message(role="assistant", content="Hello!"), thanks], resp)
+    assert next_state(first, second) == ([thanks], False)
+
+
+def test_a_history_without_the_response_is_flagged_and_uses_the_last_message() -> None:
+    first = turn("s", 1, [U], Message(role="assistant", content="It is sunny."))
+    edited = Message(role="assistant", content="Something else entirely.")
+    last = Message(role="user", content="no, redo it")
+    second = turn("s", 2, [U, edited, last], Message(role="assistant", content="ok"))
+    assert next_state(first, second) == ([last], True)
+
+
+@pytest.fixture
+def pairer_config(kafka: KafkaConfig, redis_config: RedisConfig) -> Config:
+    return Config(
+        kafka=kafka,
+        redis=redis_config,
+        pairer=PairerConfig(idle_timeout_s=2.0, sweep_interval_s=0.2, group_id="pairer-test"),
+    )
+
+
+def summary(p: PairedTurn) -> tuple[Any, ...]:
+    state = None if p.next_state is None else msgspec.to_builtins(p.next_state)
+    return (p.turn_id, p.terminal_reason, p.misaligned, msgspec.json.encode(state))
+
+
+async def test_pairing_live_and_replayed(pairer_config: Config, kafka: KafkaConfig) -> None:
+    now = time.time()
+    done_turn = turn("done", 1, [U], Message(role="assistant", content="bye"), now, session_done=True)
+    turns = [
+        turn("tools", 1, [U], CALLS, now),
+        turn("tools", 2, [U, CALLS, T1, T2], Message(role="assistant", content="18C and 9C"), now + 2),
+        turn("redo", 1, [U], Message(role="assistant", content="sunny"), now),
+        turn(
+            "redo",
+            2,
+            [U, Message(role="assistant", content="edited"), Message(role="user", content="redo")],
+            Message(role="assistant", content="ok"),
+            now + 2,
+        ),
+        done_turn,
+        turn("gap", 1, [U], Message(role="assistant", content="a"), now - 100),
+        turn(
+            "gap",
+            2,
+            [U, Message(role="assistant", content="a"), Message(role="user", content="b")],
+            Message(role="assistant", content="c"),
+            now,
+        ),  # arrives 99 s after turn 1: past the idle timeout
+        turn("quiet", 1, [U], Message(role="assistant", content="x"), now),  # nothing follows
+    ]
+    async with EventProducer(kafka) as producer:
+        for t in turns:
+            await producer.send(TURNS, t, t.session_id)
+        await producer.send(TURNS, turns[0], "tools")  # a redelivered duplicate is not paired twice
+
+    live = await pair_all(pairer_config, expect=8)
+    by = {(p.turn_id, p.terminal_reason): p for p in live}
+    assert by[("tools:1", None)].next_state == [T1, T2] and not by[("tools:1", None)].misaligned
+    assert by[("redo:1", None)].misaligned and by[("redo:1", None)].next_state[0].content == "redo"
+    assert by[("done:1", "session_done")].next_state is None
+    assert ("gap:1", "idle_timeout") in by and ("gap:1", None) not in by
+    # Sessions left open end by the wall-clock sweep once idle: quiet:1, tools:2, redo:2, gap:2.
+    for tid in ("quiet:1", "tools:2", "redo:2", "gap:2"):
+        assert (tid, "idle_timeout") in by
+    assert len(live) == 8, [summary(p) for p in live]
+
+    # Replay: the same turns into a fresh namespace and Redis prefix give the same pairs.
+    replay_kafka = msgspec.structs.replace(kafka, namespace="replay-" + kafka.namespace)
+    await create_topics(replay_kafka, partitions=3)
+    async with EventProducer(replay_kafka) as producer:
+        async for rec in read_topic(kafka, TURNS):
+            await producer.send(TURNS, rec.event, rec.key)
+    replay_config = msgspec.structs.replace(
+        pairer_config,
+        kafka=replay_kafka,
+        redis=msgspec.structs.replace(
+            pairer_config.redis, key_prefix=pairer_config.redis.key_prefix + "replay:"
+        ),
+    )
+    replayed = await pair_all(replay_config, expect=8)
+    assert sorted(map(summary, replayed)) == sorted(map(summary, live))
