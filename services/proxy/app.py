@@ -141,9 +141,19 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
             return None
 
     def finish_turn(
-        session: SessionInfo, index: int | None, body: dict[str, Any], completion: Completion, created: float
+        session: SessionInfo,
+        index_task: asyncio.Task[int | None] | None,
+        body: dict[str, Any],
+        completion: Completion,
+        created: float,
     ) -> None:
-        assert state is not None and session.session_id is not None
+        assert state is not None and session.session_id is not None and index_task is not None
+        if not index_task.done():  # rare: Redis slower than the engine; record once the number is known
+            index_task.add_done_callback(
+                lambda _: finish_turn(session, index_task, body, completion, created)
+            )
+            return
+        index = index_task.result()
         if index is None:
             DROPPED.labels("redis_unavailable").inc()
             return
@@ -196,7 +206,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
         except SessionError as exc:
             return openai_error(400, str(exc), "invalid_request_error", "invalid_session")
         headers: dict[str, str] = {}
-        index: int | None = None
+        index: asyncio.Task[int | None] | None = None
         if session.turn_type == "main":
             if session.session_id is None:
                 if pc.missing_session == "reject":
@@ -205,7 +215,9 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
                     )
                 session = SessionInfo(new_session_id(), session.turn_type, session.done)
             headers["X-Session-Id"] = session.session_id  # type: ignore[assignment]
-            index = await next_turn_index(session.session_id)  # type: ignore[arg-type]
+            # Numbered at arrival (a session's turns are numbered in order) but not waited for here: the Redis
+            # round trip overlaps the engine's work instead of adding to the user's latency.
+            index = asyncio.create_task(next_turn_index(session.session_id))  # type: ignore[arg-type]
         stream = bool(body.get("stream"))
         wants = {
             "logprobs": bool(body.get("logprobs")),
@@ -213,13 +225,14 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
         }
         forward = dict(body)
         if session.turn_type == "main":
-            forward["logprobs"] = True
-            if config.engine.kind == "sglang":
-                forward["return_meta_info"] = True
-                forward["return_prompt_token_ids"] = True
-            else:
+            forward["return_prompt_token_ids"] = True
+            if stream:  # ids and log-probs ride on each chunk
+                forward["logprobs"] = True
                 forward["return_token_ids"] = True
-                forward["return_prompt_token_ids"] = True
+            else:  # meta_info carries [logprob, id] pairs: compact, and SGLang's way to return output ids
+                forward["return_meta_info"] = True
+                if config.engine.kind == "sglang":
+                    forward["logprobs"] = True
         if stream:
             return await _stream(request, session, index, body, forward, wants, headers, created)
         try:
@@ -247,7 +260,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
     async def _stream(
         request: Request,
         session: SessionInfo,
-        index: int | None,
+        index: asyncio.Task[int | None] | None,
         body: dict[str, Any],
         forward: dict[str, Any],
         wants: dict[str, bool],

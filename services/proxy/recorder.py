@@ -44,10 +44,14 @@ def _unpack(record: bytes) -> tuple[bytes, bytes]:
 
 
 class TurnRecorder:
-    def __init__(self, kafka: KafkaConfig, spool_dir: str | Path, batch: int = 256) -> None:
+    def __init__(
+        self, kafka: KafkaConfig, spool_dir: str | Path, batch: int = 256, linger_s: float = 0.05
+    ) -> None:
         self.kafka = kafka
         self.spool_dir = Path(spool_dir)
         self.batch = batch
+        self.linger_s = linger_s
+        """How long the writer lets turns gather before one fsync takes them all (the user never waits on it)."""
         self.spool: Spool | None = None
         self._buffer: list[bytes] = []
         self._wrote = asyncio.Event()
@@ -79,6 +83,10 @@ class TurnRecorder:
         assert self.spool is not None
         while True:
             await self._buffered.wait()
+            if not self._closing and len(self._buffer) < self.batch:
+                await asyncio.sleep(
+                    self.linger_s
+                )  # group commit: one fsync for everything that arrives meanwhile
             self._buffered.clear()
             batch, self._buffer = self._buffer, []
             if batch:
@@ -112,12 +120,33 @@ class TurnRecorder:
             if self.spool.pending == 0:
                 if self._closing:
                     return
-                await self._wrote.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wrote.wait(), 1.0)
+                if not self._wrote.is_set():
+                    self.spool.flush_cursor()  # idle: persist where publishing got to
                 self._wrote.clear()
                 continue
             if self._producer is None:
                 self._producer = await self._connect()
-            records = await asyncio.to_thread(self.spool.peek, self.batch)
+            # From memory in the common case; from the files (in a worker thread) after a long outage.
+            in_memory = self.spool.in_memory
+            records = (
+                self.spool.peek(self.batch)
+                if in_memory
+                else await asyncio.to_thread(self.spool.peek, self.batch)
+            )
+            if not records:  # never spin: the counts disagree only if the spool files were changed under us
+                log.error(
+                    "spool reports pending turns but none could be read",
+                    extra={
+                        "pending": self.spool.pending,
+                        "in_memory": in_memory,
+                        "mem": len(self.spool._mem),
+                        "complete": self.spool._mem_complete,
+                    },
+                )
+                await asyncio.sleep(1.0)
+                continue
             futures = []
             for rec in records:
                 key, value = _unpack(rec)
@@ -132,7 +161,10 @@ class TurnRecorder:
                     break
                 ok += 1
             if ok:
-                await asyncio.to_thread(self.spool.commit, ok)
+                if in_memory and self.spool.in_memory:
+                    self.spool.commit(ok)
+                else:
+                    await asyncio.to_thread(self.spool.commit, ok)
                 PUBLISHED.inc(ok)
                 SPOOLED.set(self.spool.pending)
                 backoff = 0.2

@@ -4,6 +4,11 @@ in order; the read cursor advances only after Kafka acknowledged them.
 Layout: ``seg-<n>.log`` files of records ``[u32 length][u32 crc32][payload]`` and a ``cursor`` file holding
 ``<segment> <offset>`` of the next record to publish (replaced atomically). A torn tail record (a crash while
 writing) fails its CRC and is cut off at open. Drained segments are deleted.
+
+Records are fsync'd when appended. The cursor is persisted without fsync and at most every
+``cursor_interval_s``: after a crash the spool may resend a few records Kafka already has, never skip one
+(turn ids are stable, so a resend is recognisable). Unpublished records are also kept in memory (up to
+``memory_bytes``) so publishing does not re-read the file in the common case.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import fcntl
 import os
 import struct
 import threading
+import time
 import zlib
+from collections import deque
 from pathlib import Path
 
 _HEADER = struct.Struct("<II")
@@ -20,10 +27,24 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 
 
 class Spool:
-    def __init__(self, directory: str | Path, segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        segment_bytes: int = SEGMENT_BYTES,
+        memory_bytes: int = 64 * 1024 * 1024,
+        cursor_interval_s: float = 0.2,
+    ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
+        self.memory_bytes = memory_bytes
+        self.cursor_interval_s = cursor_interval_s
+        self._cursor_saved_at = 0.0
+        self._cursor_dirty = False
+        # In-memory mirror of the unpublished records with their end positions; valid while _mem_complete.
+        self._mem: deque[tuple[bytes, int, int]] = deque()
+        self._mem_bytes = 0
+        self._mem_complete = False
         self._lock = threading.Lock()
         # One process per spool: two publishers draining one spool would send every turn twice.
         self._lockfile = open(self.dir / "lock", "w")
@@ -40,6 +61,7 @@ class Spool:
         self._truncate_torn_tail(self._write_seg)
         self._fh = open(self._path(self._write_seg), "ab")
         self._pending = self._count_pending()
+        self._mem_complete = self._pending == 0
 
     # paths and cursor ----------------------------------------------------------------------------------------
 
@@ -56,13 +78,17 @@ class Spool:
         except (FileNotFoundError, ValueError):
             return (segments[0] if segments else 0), 0
 
-    def _save_cursor(self) -> None:
+    def _save_cursor(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._cursor_saved_at < self.cursor_interval_s:
+            self._cursor_dirty = True
+            return
         tmp = self.dir / "cursor.tmp"
         with open(tmp, "w") as fh:
             fh.write(f"{self._read_seg} {self._read_off}")
-            fh.flush()
-            os.fsync(fh.fileno())
         os.replace(tmp, self.dir / "cursor")
+        self._cursor_saved_at = now
+        self._cursor_dirty = False
 
     def _truncate_torn_tail(self, seg: int) -> None:
         path = self._path(seg)
@@ -95,19 +121,33 @@ class Spool:
     # writing -------------------------------------------------------------------------------------------------
 
     def append(self, payloads: list[bytes]) -> None:
-        """Append and fsync (one fsync for the whole group). Blocking: call it from a worker thread."""
+        """Append and fsync (one fsync for the whole group); the records become visible to ``peek`` only once
+        durable. Blocking: call it from a worker thread. One writer at a time."""
         if not payloads:
             return
+        buf = bytearray()
+        ends: list[int] = []
+        start = self._fh.tell()
+        for p in payloads:
+            buf += _HEADER.pack(len(p), zlib.crc32(p))
+            buf += p
+            ends.append(start + len(buf))
+        self._fh.write(buf)
+        self._fh.flush()
+        os.fdatasync(self._fh.fileno())  # outside the lock: publishers keep going meanwhile
+        seg = self._write_seg
         with self._lock:
-            buf = bytearray()
-            for p in payloads:
-                buf += _HEADER.pack(len(p), zlib.crc32(p))
-                buf += p
-            self._fh.write(buf)
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
             self._pending += len(payloads)
-            if self._fh.tell() >= self.segment_bytes:
+            if self._mem_complete:
+                for p, end in zip(payloads, ends, strict=True):
+                    self._mem.append((p, seg, end))
+                    self._mem_bytes += len(p)
+                if self._mem_bytes > self.memory_bytes:  # a long outage: fall back to reading the files
+                    self._mem.clear()
+                    self._mem_bytes = 0
+                    self._mem_complete = False
+        if self._fh.tell() >= self.segment_bytes:
+            with self._lock:
                 self._fh.close()
                 self._write_seg += 1
                 self._fh = open(self._path(self._write_seg), "ab")
@@ -142,10 +182,17 @@ class Spool:
             break
         return out, seg, off
 
+    @property
+    def in_memory(self) -> bool:
+        """Whether peek/commit work from memory (no file reads): callers may then skip a worker thread."""
+        return self._mem_complete
+
     def peek(self, limit: int = 256) -> list[bytes]:
         """The next records to publish, oldest first (without consuming them)."""
         with self._lock:
-            records, _, _ = self._read_from(self._read_seg, self._read_off, limit)
+            if self._mem_complete:
+                return [self._mem[i][0] for i in range(min(limit, len(self._mem)))]
+            records, _, _ = self._read_from(self._read_seg, self._read_off, min(limit, self._pending))
             return records
 
     def commit(self, count: int) -> None:
@@ -153,14 +200,26 @@ class Spool:
         if count <= 0:
             return
         with self._lock:
-            records, seg, off = self._read_from(self._read_seg, self._read_off, count)
-            assert len(records) == count, "commit of records that were not peeked"
+            if self._mem_complete:
+                for _ in range(count):
+                    payload, seg, off = self._mem.popleft()
+                    self._mem_bytes -= len(payload)
+            else:
+                records, seg, off = self._read_from(self._read_seg, self._read_off, count)
+                assert len(records) == count, "commit of records that were not peeked"
             old = self._read_seg
             self._read_seg, self._read_off = seg, off
-            self._save_cursor()
             self._pending -= count
+            if self._pending == 0 and not self._mem_complete:
+                self._mem_complete = True  # caught up: new records can be mirrored again
+            self._save_cursor(force=seg != old)
             for s in range(old, seg):
                 self._path(s).unlink(missing_ok=True)
+
+    def flush_cursor(self) -> None:
+        with self._lock:
+            if self._cursor_dirty:
+                self._save_cursor(force=True)
 
     @property
     def pending(self) -> int:
@@ -168,5 +227,7 @@ class Spool:
 
     def close(self) -> None:
         with self._lock:
+            if self._cursor_dirty:
+                self._save_cursor(force=True)
             self._fh.close()
             self._lockfile.close()

@@ -67,3 +67,20 @@ def test_one_process_per_spool(tmp_path: Path) -> None:
         Spool(tmp_path)
     first.close()
     Spool(tmp_path).close()
+
+
+def test_memory_mirror_falls_back_to_the_files_and_recovers(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, memory_bytes=100)
+    assert spool.in_memory
+    records = [bytes([97 + i]) * 30 for i in range(8)]  # 240 bytes: more than the mirror holds
+    for r in records:
+        spool.append([r])
+    assert not spool.in_memory
+    assert spool.peek(3) == records[:3]
+    spool.commit(3)
+    assert spool.peek(100) == records[3:]
+    spool.commit(5)
+    assert spool.pending == 0 and spool.in_memory  # caught up: mirrored again
+    spool.append([b"new"])
+    assert spool.peek(10) == [b"new"]
+    spool.close()
