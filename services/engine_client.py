@@ -98,16 +98,7 @@ def _error_text(raw: bytes) -> str:
 
 
 def _error_message(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:500] or resp.reason_phrase
-    if isinstance(body, dict):
-        if isinstance(body.get("error"), dict):
-            return str(body["error"].get("message"))
-        if "message" in body:
-            return str(body["message"])
-    return str(body)[:500]
+    return _error_text(resp.content) or resp.reason_phrase
 
 
 class EngineClient:

@@ -43,6 +43,17 @@ def openai_error(
     )
 
 
+def engine_failure(exc: EngineError, turn_type: str, stream: str, headers: dict[str, str]) -> Response:
+    """504 for a timeout, the engine's own 4xx passed through, 502 for anything else."""
+    if isinstance(exc, EngineTimeout):
+        status, message, err_type = 504, f"the model engine timed out: {exc}", "engine_timeout"
+    else:
+        status = exc.status if exc.status is not None and 400 <= exc.status < 500 else 502
+        message, err_type = f"the model engine failed: {exc}", "engine_error"
+    REQUESTS.labels(turn_type, stream, str(status)).inc()
+    return openai_error(status, message, err_type, headers=headers)
+
+
 class BadInput(Exception):
     def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
         super().__init__(message)
@@ -237,13 +248,8 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
             return await _stream(request, session, index, body, forward, wants, headers, created)
         try:
             data = await state.engine.chat_raw(forward)
-        except EngineTimeout as exc:
-            REQUESTS.labels(session.turn_type, "false", "504").inc()
-            return openai_error(504, f"the model engine timed out: {exc}", "engine_timeout", headers=headers)
         except EngineError as exc:
-            status = exc.status if exc.status is not None and 400 <= exc.status < 500 else 502
-            REQUESTS.labels(session.turn_type, "false", str(status)).inc()
-            return openai_error(status, f"the model engine failed: {exc}", "engine_error", headers=headers)
+            return engine_failure(exc, session.turn_type, "false", headers)
         if session.turn_type == "main":
             try:
                 completion = Completion.from_response(data)
@@ -270,13 +276,8 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
         assert state is not None
         try:
             upstream = await state.engine.open_chat_stream(forward)
-        except EngineTimeout as exc:
-            REQUESTS.labels(session.turn_type, "true", "504").inc()
-            return openai_error(504, f"the model engine timed out: {exc}", "engine_timeout", headers=headers)
         except EngineError as exc:
-            status = exc.status if exc.status is not None and 400 <= exc.status < 500 else 502
-            REQUESTS.labels(session.turn_type, "true", str(status)).inc()
-            return openai_error(status, f"the model engine failed: {exc}", "engine_error", headers=headers)
+            return engine_failure(exc, session.turn_type, "true", headers)
         main = session.turn_type == "main"
         strip = not all(wants.values()) and main
 

@@ -21,9 +21,28 @@ import time
 import zlib
 from collections import deque
 from pathlib import Path
+from typing import BinaryIO
 
 _HEADER = struct.Struct("<II")
 SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+def _read_records(fh: BinaryIO, offset: int, limit: int) -> tuple[list[bytes], int]:
+    """Up to ``limit`` intact records from ``offset``; stops at the end or at a torn/corrupt record. Returns the
+    records and the offset just after the last one."""
+    fh.seek(offset)
+    out: list[bytes] = []
+    while len(out) < limit:
+        header = fh.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            break
+        length, crc = _HEADER.unpack(header)
+        payload = fh.read(length)
+        if len(payload) < length or zlib.crc32(payload) != crc:
+            break
+        out.append(payload)
+        offset = fh.tell()
+    return out, offset
 
 
 class Spool:
@@ -94,17 +113,8 @@ class Spool:
         path = self._path(seg)
         if not path.exists():
             return
-        good = 0
         with open(path, "rb") as fh:
-            while True:
-                header = fh.read(_HEADER.size)
-                if len(header) < _HEADER.size:
-                    break
-                length, crc = _HEADER.unpack(header)
-                payload = fh.read(length)
-                if len(payload) < length or zlib.crc32(payload) != crc:
-                    break
-                good = fh.tell()
+            _, good = _read_records(fh, 0, 1 << 62)
         if good < path.stat().st_size:
             with open(path, "r+b") as fh:
                 fh.truncate(good)
@@ -165,17 +175,8 @@ class Spool:
                     continue
                 break
             with open(path, "rb") as fh:
-                fh.seek(off)
-                while len(out) < limit:
-                    header = fh.read(_HEADER.size)
-                    if len(header) < _HEADER.size:
-                        break
-                    length, crc = _HEADER.unpack(header)
-                    payload = fh.read(length)
-                    if len(payload) < length or zlib.crc32(payload) != crc:
-                        break
-                    out.append(payload)
-                    off = fh.tell()
+                records, off = _read_records(fh, off, limit - len(out))
+                out.extend(records)
             if len(out) < limit and seg < self._write_seg:
                 seg, off = seg + 1, 0
                 continue
