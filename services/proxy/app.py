@@ -14,9 +14,12 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from services.config import Config
 from services.engine_client import EngineClient, EngineError, EngineTimeout, shared_http_client
@@ -109,19 +112,16 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
-    app = FastAPI(title="turnstream proxy", docs_url=None, redoc_url=None)
+def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
+    """A plain Starlette app: the proxy's hot path has no use for FastAPI's validation layer."""
     pc = config.proxy
     api_key = pc.api_key.encode() if pc.api_key else None
 
-    @app.on_event("startup")
     async def _startup() -> None:
         nonlocal state
         if state is None:
             state = await build_state(config)
-        app.state.proxy = state
 
-    @app.on_event("shutdown")
     async def _shutdown() -> None:
         if state is not None:
             if state.reloader is not None and state.reloader_task is not None:
@@ -201,7 +201,6 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
         else:
             build()
 
-    @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         assert state is not None
         created = time.time()
@@ -250,18 +249,35 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
             data = await state.engine.chat_raw(forward)
         except EngineError as exc:
             return engine_failure(exc, session.turn_type, "false", headers)
-        if session.turn_type == "main":
-            try:
-                completion = Completion.from_response(data)
-            except (KeyError, IndexError, TypeError, ValueError) as exc:
-                DROPPED.labels("bad_engine_response").inc()
-                log.warning("engine response not understood; turn not recorded", extra={"error": repr(exc)})
-            else:
-                finish_turn(session, index, body, completion, created)
-        _strip(data, wants)
+        main = session.turn_type == "main"
+        # Recording reads the engine's extras, so the client's copy is built from the raw bytes' re-decode.
+        payload = data if not main else dict(data, choices=[dict(c) for c in data.get("choices") or ()])
+        _strip(payload, wants)
         REQUESTS.labels(session.turn_type, "false", "200").inc()
         LATENCY.labels("false").observe(time.time() - created)
-        return Response(_json_encoder.encode(data), media_type="application/json", headers=headers)
+        # The turn is built and recorded after the response has gone out: the user never waits for it.
+        background = BackgroundTask(record_response, session, index, body, data, created) if main else None
+        return Response(
+            _json_encoder.encode(payload),
+            media_type="application/json",
+            headers=headers,
+            background=background,
+        )
+
+    def record_response(
+        session: SessionInfo,
+        index: asyncio.Task[int | None] | None,
+        body: dict[str, Any],
+        data: dict[str, Any],
+        created: float,
+    ) -> None:
+        try:
+            completion = Completion.from_response(data)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            DROPPED.labels("bad_engine_response").inc()
+            log.warning("engine response not understood; turn not recorded", extra={"error": repr(exc)})
+            return
+        finish_turn(session, index, body, completion, created)
 
     async def _stream(
         request: Request,
@@ -331,8 +347,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
 
-    @app.get("/v1/models")
-    async def models() -> Response:
+    async def models(_: Request) -> Response:
         assert state is not None
         try:
             data = await state.engine.models()
@@ -340,8 +355,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
             return openai_error(502, f"the model engine failed: {exc}", "engine_error")
         return JSONResponse({"object": "list", "data": data})
 
-    @app.get("/healthz")
-    async def healthz() -> Response:
+    async def healthz(_: Request) -> Response:
         assert state is not None
         engine_ok = await state.engine.health()
         body = {
@@ -352,16 +366,31 @@ def create_app(config: Config, state: ProxyState | None = None) -> FastAPI:
         }
         return JSONResponse(body, status_code=200 if engine_ok else 503)
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(_: Request) -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.exception_handler(Exception)
+    @contextlib.asynccontextmanager
+    async def _lifespan(_: Starlette) -> AsyncIterator[None]:
+        await _startup()
+        try:
+            yield
+        finally:
+            await _shutdown()
+
     async def _unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unexpected error")
         return openai_error(500, "internal error in the proxy", "internal_error")
 
-    return app
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        lifespan=_lifespan,
+        exception_handlers={Exception: _unexpected},
+    )
 
 
 def _build_quietly(build: Any) -> None:
