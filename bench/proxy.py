@@ -57,10 +57,13 @@ async def load(url: str, concurrency: int, total: int, stream: bool, headers_for
     latencies: list[float] = []
     firsts: list[float] = []
     counter = iter(range(total))
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+    # One client (one connection) per worker: httpx's shared pool collapses past a few dozen concurrent requests
+    # and would measure the load generator instead of what it loads.
+    clients = [httpx.AsyncClient(timeout=60) for _ in range(concurrency)]
+    try:
 
         async def worker(w: int) -> None:
+            http = clients[w]
             for i in counter:
                 headers = headers_for(w, i)  # type: ignore[operator]
                 t0 = time.perf_counter()
@@ -80,6 +83,9 @@ async def load(url: str, concurrency: int, total: int, stream: bool, headers_for
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - t0
+    finally:
+        for c in clients:
+            await c.aclose()
     lat = sorted(latencies)
     out = {
         "p50_ms": 1000 * lat[len(lat) // 2],

@@ -17,7 +17,10 @@ from typing import Any
 import httpx
 import msgspec
 
+from services.http_pool import LeanPool
+
 _shared: httpx.AsyncClient | None = None
+_hot: httpx.AsyncBaseTransport | None = None
 
 
 def shared_http_client() -> httpx.AsyncClient:
@@ -31,11 +34,22 @@ def shared_http_client() -> httpx.AsyncClient:
     return _shared
 
 
+def hot_path_transport() -> httpx.AsyncBaseTransport:
+    """The process's lean connection pool for the proxy's hot path (see services/http_pool.py)."""
+    global _hot
+    if _hot is None:
+        _hot = LeanPool()
+    return _hot
+
+
 async def close_shared_http_client() -> None:
-    global _shared
+    global _shared, _hot
     if _shared is not None:
         await _shared.aclose()
         _shared = None
+    if _hot is not None:
+        await _hot.aclose()
+        _hot = None
 
 
 class EngineError(Exception):
@@ -125,8 +139,10 @@ class EngineClient:
 
     @property
     def transport(self) -> httpx.AsyncBaseTransport:
-        """The connection pool under the shared client (one per process)."""
-        return self.http._transport
+        """The pool for hot-path requests: the given client's, else the process's lean pool."""
+        if self._client is not None:
+            return self._client._transport
+        return hot_path_transport()
 
     # transport -------------------------------------------------------------------------------------------
 
@@ -317,15 +333,15 @@ class EngineClient:
         """Start a streamed chat completion and return the open response once the engine accepted it (status
         < 400), so callers can map refusals to HTTP errors before sending their own first byte. The caller
         iterates ``aiter_lines()`` and must ``aclose()`` it."""
-        request = self.http.build_request(
+        request = httpx.Request(
             "POST",
             self.base_url + "/v1/chat/completions",
-            json={**body, "stream": True},
-            headers=self.headers,
-            timeout=self.timeout,
+            content=msgspec.json.encode({**body, "stream": True}),
+            headers={**self.headers, "content-type": "application/json"},
+            extensions={"timeout": self.timeout.as_dict()},
         )
         try:
-            resp = await self.http.send(request, stream=True)
+            resp = await self.transport.handle_async_request(request)
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"chat stream timed out: {exc!r}") from exc
         except httpx.TransportError as exc:

@@ -22,7 +22,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from services.config import Config
-from services.engine_client import EngineClient, EngineError, EngineTimeout, shared_http_client
+from services.engine_client import (
+    EngineClient,
+    EngineError,
+    EngineTimeout,
+    close_shared_http_client,
+)
 from services.proxy.recorder import TurnRecorder
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
 from services.proxy.turns import DROPPED, Completion, UnrecordableTurn, build_turn
@@ -132,6 +137,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
                 await asyncio.gather(*state.tasks, return_exceptions=True)
             await state.recorder.stop()
             await state.redis.aclose()
+            await close_shared_http_client()
 
     def authorized(request: Request) -> bool:
         if api_key is None:
@@ -423,7 +429,6 @@ async def build_state(config: Config) -> ProxyState:
         api_key=config.engine.api_key,
         timeout_s=config.engine.timeout_s,
         retries=config.engine.retries,
-        client=shared_http_client(),
     )
     spool_dir = Path(pc.spool_dir) if pc.spool_dir else cache_dir() / "spool" / f"proxy-{pc.port}"
     recorder = TurnRecorder(config.kafka, spool_dir)
