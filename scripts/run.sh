@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded defaults (README, `make run`): set up, start Kafka and Redis on loopback, create
-# the topics, and start the pipeline's services. Services that later issues build are listed, not faked.
+# the topics, then run the parts of the pipeline that are built (engine, proxy with reloader, pairer) in the
+# foreground until Ctrl-C. Parts that later issues build are listed, not faked.
+# Ports: ENGINE_PORT (30000), PROXY_PORT (8000); logs under $TURNSTREAM_CACHE/run/.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -12,12 +14,45 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 export TURNSTREAM_KAFKA_BOOTSTRAP="${TURNSTREAM_KAFKA_BOOTSTRAP:-127.0.0.1:${KAFKA_PORT:-9092}}"
 export TURNSTREAM_REDIS_URL="${TURNSTREAM_REDIS_URL:-redis://127.0.0.1:${REDIS_PORT:-6379}/0}"
 export TURNSTREAM_LOGGING_FORMAT="${TURNSTREAM_LOGGING_FORMAT:-text}"
+ENGINE_PORT="${ENGINE_PORT:-30000}"
+PROXY_PORT="${PROXY_PORT:-8000}"
+export TURNSTREAM_ENGINE_URL="http://127.0.0.1:$ENGINE_PORT"
+export TURNSTREAM_PROXY_PORT="$PROXY_PORT"
+LOGS="$TURNSTREAM_CACHE/run"
+mkdir -p "$LOGS"
 
 .venv/bin/turnstream topics create
-cat >&2 <<'MSG'
+model="$(.venv/bin/turnstream models fetch smollm2)"
 
-turnstream: the foundation is up (Kafka, Redis, topics). The pipeline's services are not built yet:
-  engine (issue 3), proxy + pairer + reloader (issue 4), judge + teacher (issue 5), dispatcher (issue 6),
-  trainer (issue 7), `turnstream run` (issue 8).
-Stop the local services with: make services-down
+pids=()
+cleanup() {
+    trap - INT TERM EXIT
+    log "stopping engine, proxy and pairer (Kafka and Redis keep running: make services-down)"
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup INT TERM EXIT
+
+.venv/bin/turnstream engine --model "$model" --port "$ENGINE_PORT" --served-model-name smollm2 \
+    >"$LOGS/engine.log" 2>&1 &
+pids+=($!)
+wait_for 180 curl -sf "http://127.0.0.1:$ENGINE_PORT/health" || die "the engine did not start (log: $LOGS/engine.log)"
+.venv/bin/turnstream proxy >"$LOGS/proxy.log" 2>&1 &
+pids+=($!)
+.venv/bin/turnstream pairer >"$LOGS/pairer.log" 2>&1 &
+pids+=($!)
+wait_for 60 curl -sf "http://127.0.0.1:$PROXY_PORT/healthz" || die "the proxy did not start (log: $LOGS/proxy.log)"
+
+cat >&2 <<MSG
+
+turnstream is serving an OpenAI-compatible API at http://127.0.0.1:$PROXY_PORT/v1 (SmolLM2-135M on the CPU).
+Every main-line turn is recorded on Kafka topic 'turns' and paired on 'turns.paired'. Try:
+
+  curl -s http://127.0.0.1:$PROXY_PORT/v1/chat/completions -H 'content-type: application/json' \\
+       -H 'X-Session-Id: demo' -d '{"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 32}'
+
+Not built yet: judge and teacher workers (issue 5), dispatcher (issue 6), trainer (issue 7), \`turnstream run\`
+(issue 8). Logs: $LOGS. Ctrl-C stops the services.
 MSG
+wait -n "${pids[@]}"
+die "a service exited; see $LOGS"
