@@ -1,0 +1,63 @@
+"""Parsing and voting: pure functions with OpenClaw-RL's semantics (DESIGN §4 "judge").
+
+A vote's score is the *last* ``\\boxed{...}`` in the judge's text, so a model that reasons through several
+candidates and then commits is read by its final answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_SCORE = re.compile(r"^\s*([+-]?)\s*([01])\s*$")
+_HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.S)
+MIN_HINT_CHARS = 10
+"""A hint must be longer than this (stripped) to be accepted."""
+
+
+def _last_boxed_score(text: str) -> int | None:
+    boxes = _BOXED.findall(text)
+    if not boxes:
+        return None
+    m = _SCORE.match(boxes[-1])
+    if m is None:
+        return None
+    sign, digit = m.groups()
+    value = int(digit)
+    if sign == "-":
+        return -value if value else None  # "-0" is not a score
+    return value
+
+
+def parse_eval_vote(text: str) -> int | None:
+    """The last ``\\boxed{...}`` holding -1, 0 or 1 (an optional ``+`` allowed); anything else is None."""
+    return _last_boxed_score(text)
+
+
+def parse_hint_vote(text: str) -> tuple[int | None, str]:
+    """(score, hint): the score from the last ``\\boxed{...}`` if it is 1 or -1 (else None), and the stripped text
+    of the last ``[HINT_START]...[HINT_END]`` block ("" if none)."""
+    score = _last_boxed_score(text)
+    if score == 0:
+        score = None
+    hints = _HINT.findall(text)
+    return score, hints[-1].strip() if hints else ""
+
+
+def majority_vote(votes: Sequence[int | None]) -> int:
+    """The most common valid vote; 0 when there is none or the top count is tied."""
+    counts = Counter(v for v in votes if v is not None)
+    if not counts:
+        return 0
+    ranked = counts.most_common()
+    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        return 0
+    return ranked[0][0]
+
+
+def select_hint(votes: Sequence[tuple[int | None, str]]) -> str | None:
+    """The longest stripped hint among votes scoring 1 whose hint is longer than 10 characters; else None."""
+    candidates = [hint.strip() for score, hint in votes if score == 1 and len(hint.strip()) > MIN_HINT_CHARS]
+    return max(candidates, key=len) if candidates else None
