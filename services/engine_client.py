@@ -19,34 +19,19 @@ import msgspec
 
 from services.http_pool import LeanPool
 
-_shared: httpx.AsyncClient | None = None
 _hot: httpx.AsyncBaseTransport | None = None
 
 
-def shared_http_client() -> httpx.AsyncClient:
-    """The process's connection pool (created on first use, in the running event loop's process)."""
-    global _shared
-    if _shared is None or _shared.is_closed:
-        _shared = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-            timeout=httpx.Timeout(120.0, connect=5.0),
-        )
-    return _shared
-
-
 def hot_path_transport() -> httpx.AsyncBaseTransport:
-    """The process's lean connection pool for the proxy's hot path (see services/http_pool.py)."""
+    """The process's one connection pool for engine calls (see services/http_pool.py)."""
     global _hot
     if _hot is None:
         _hot = LeanPool()
     return _hot
 
 
-async def close_shared_http_client() -> None:
-    global _shared, _hot
-    if _shared is not None:
-        await _shared.aclose()
-        _shared = None
+async def close_engine_pool() -> None:
+    global _hot
     if _hot is not None:
         await _hot.aclose()
         _hot = None
@@ -111,10 +96,6 @@ def _error_text(raw: bytes) -> str:
     return str(body)[:500]
 
 
-def _error_message(resp: httpx.Response) -> str:
-    return _error_text(resp.content) or resp.reason_phrase
-
-
 class EngineClient:
     def __init__(
         self,
@@ -134,25 +115,39 @@ class EngineClient:
         self._client = client
 
     @property
-    def http(self) -> httpx.AsyncClient:
-        return self._client or shared_http_client()
-
-    @property
     def transport(self) -> httpx.AsyncBaseTransport:
-        """The pool for hot-path requests: the given client's, else the process's lean pool."""
+        """The given client's pool (tests script one), else the process's shared lean pool. Requests go straight
+        to the transport: httpx's client layer (cookies, redirects, auth hooks) does nothing for an engine and
+        cost a third of the proxy's CPU per request."""
         if self._client is not None:
             return self._client._transport
         return hot_path_transport()
 
-    # transport -------------------------------------------------------------------------------------------
+    def _build(self, method: str, path: str, body: Any = None) -> httpx.Request:
+        headers = dict(self.headers)
+        content = b""
+        if body is not None:
+            content = msgspec.json.encode(body)
+            headers["content-type"] = "application/json"
+        return httpx.Request(
+            method,
+            self.base_url + path,
+            content=content,
+            headers=headers,
+            extensions={"timeout": self.timeout.as_dict()},
+        )
 
-    async def _request(self, method: str, path: str, body: Any = None, *, idempotent: bool) -> Any:
+    async def _send(self, method: str, path: str, body: Any = None, *, idempotent: bool) -> bytes:
+        """The response body of a successful call. Retries with exponential backoff and full jitter: any call
+        that never reached the engine, idempotent ones also after timeouts, transport errors, 5xx and 429."""
         attempt = 0
         while True:
             try:
-                resp = await self.http.request(
-                    method, self.base_url + path, json=body, headers=self.headers, timeout=self.timeout
-                )
+                resp = await self.transport.handle_async_request(self._build(method, path, body))
+                try:
+                    raw = await resp.aread()
+                finally:
+                    await resp.aclose()
             except httpx.TimeoutException as exc:
                 err: EngineError = EngineTimeout(f"{method} {path} timed out: {exc!r}", retryable=idempotent)
             except httpx.ConnectError as exc:  # never reached the engine: safe to retry anything
@@ -163,18 +158,20 @@ class EngineClient:
                 err = EngineError(f"{method} {path} failed: {exc!r}", retryable=idempotent)
             else:
                 if resp.status_code < 400:
-                    return resp.json() if resp.content else None
+                    return raw
                 retryable = idempotent and (resp.status_code >= 500 or resp.status_code == 429)
                 err = EngineError(
-                    f"{method} {path}: {resp.status_code} {_error_message(resp)}", resp.status_code, retryable
+                    f"{method} {path}: {resp.status_code} {_error_text(raw)}", resp.status_code, retryable
                 )
             if not err.retryable or attempt >= self.retries:
                 raise err
             delay = self.backoff_s * (2**attempt)
-            await asyncio.sleep(
-                delay + random.uniform(0, delay)
-            )  # full jitter on top of the exponential step
+            await asyncio.sleep(delay + random.uniform(0, delay))
             attempt += 1
+
+    async def _request(self, method: str, path: str, body: Any = None, *, idempotent: bool) -> Any:
+        raw = await self._send(method, path, body, idempotent=idempotent)
+        return msgspec.json.decode(raw) if raw else None
 
     # info ------------------------------------------------------------------------------------------------
 
@@ -292,56 +289,21 @@ class EngineClient:
         return parse_chat_result(data)
 
     async def chat_raw(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST the body as given (non-streamed) and return the engine's JSON; the proxy's hot path.
+        """POST the body as given (non-streamed) and return the engine's JSON. Retried only if unsent."""
+        return await self._request("POST", "/v1/chat/completions", body, idempotent=False)  # type: ignore[no-any-return]
 
-        It goes straight to the pool's transport: the client layer (cookies, redirects, auth hooks) does nothing
-        for an engine and costs a third of the request's CPU. Retried only when the engine was not reached."""
-        attempt = 0
-        content = msgspec.json.encode(body)
-        while True:
-            request = httpx.Request(
-                "POST",
-                self.base_url + "/v1/chat/completions",
-                content=content,
-                headers={**self.headers, "content-type": "application/json"},
-                extensions={"timeout": self.timeout.as_dict()},
-            )
-            try:
-                resp = await self.transport.handle_async_request(request)
-                try:
-                    raw = await resp.aread()
-                finally:
-                    await resp.aclose()
-            except httpx.TimeoutException as exc:
-                raise EngineTimeout(f"POST /v1/chat/completions timed out: {exc!r}") from exc
-            except httpx.ConnectError as exc:
-                if attempt >= self.retries:
-                    raise EngineError(f"cannot connect to {self.base_url}: {exc!r}", retryable=True) from exc
-                delay = self.backoff_s * (2**attempt)
-                await asyncio.sleep(delay + random.uniform(0, delay))
-                attempt += 1
-                continue
-            except httpx.TransportError as exc:
-                raise EngineError(f"POST /v1/chat/completions failed: {exc!r}") from exc
-            if resp.status_code >= 400:
-                raise EngineError(
-                    f"POST /v1/chat/completions: {resp.status_code} {_error_text(raw)}", resp.status_code
-                )
-            return msgspec.json.decode(raw)  # type: ignore[no-any-return]
+    async def chat_bytes(self, body: dict[str, Any]) -> bytes:
+        """Like ``chat_raw`` but the engine's bytes untouched: for passing a response through unread."""
+        return await self._send("POST", "/v1/chat/completions", body, idempotent=False)
 
     async def open_chat_stream(self, body: dict[str, Any]) -> httpx.Response:
         """Start a streamed chat completion and return the open response once the engine accepted it (status
         < 400), so callers can map refusals to HTTP errors before sending their own first byte. The caller
         iterates ``aiter_lines()`` and must ``aclose()`` it."""
-        request = httpx.Request(
-            "POST",
-            self.base_url + "/v1/chat/completions",
-            content=msgspec.json.encode({**body, "stream": True}),
-            headers={**self.headers, "content-type": "application/json"},
-            extensions={"timeout": self.timeout.as_dict()},
-        )
         try:
-            resp = await self.transport.handle_async_request(request)
+            resp = await self.transport.handle_async_request(
+                self._build("POST", "/v1/chat/completions", {**body, "stream": True})
+            )
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"chat stream timed out: {exc!r}") from exc
         except httpx.TransportError as exc:
@@ -349,40 +311,32 @@ class EngineClient:
         if resp.status_code >= 400:
             await resp.aread()
             await resp.aclose()
-            raise EngineError(f"chat stream: {resp.status_code} {_error_message(resp)}", resp.status_code)
+            raise EngineError(
+                f"chat stream: {resp.status_code} {_error_text(resp.content)}", resp.status_code
+            )
         return resp
 
     async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Yields each SSE chunk as a dict, as the engine produces it. Errors before the first byte raise
-        EngineError; an error event mid-stream raises EngineError too."""
-        req = {**body, "stream": True}
+        """Yields each SSE chunk as a dict, as the engine produces it. A refusal before the first byte and an
+        error event mid-stream both raise EngineError."""
+        resp = await self.open_chat_stream(body)
         try:
-            async with self.http.stream(
-                "POST",
-                self.base_url + "/v1/chat/completions",
-                json=req,
-                headers=self.headers,
-                timeout=self.timeout,
-            ) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    raise EngineError(
-                        f"chat stream: {resp.status_code} {_error_message(resp)}", resp.status_code
-                    )
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        return
-                    chunk = json.loads(payload)
-                    if "error" in chunk and "choices" not in chunk:
-                        raise EngineError(f"chat stream failed: {chunk['error']}")
-                    yield chunk
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return
+                chunk = json.loads(payload)
+                if "error" in chunk and "choices" not in chunk:
+                    raise EngineError(f"chat stream failed: {chunk['error']}")
+                yield chunk
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"chat stream timed out: {exc!r}") from exc
         except httpx.TransportError as exc:
             raise EngineError(f"chat stream failed: {exc!r}") from exc
+        finally:
+            await resp.aclose()
 
 
 def parse_chat_result(data: dict[str, Any]) -> ChatResult:

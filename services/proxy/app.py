@@ -26,7 +26,7 @@ from services.engine_client import (
     EngineClient,
     EngineError,
     EngineTimeout,
-    close_shared_http_client,
+    close_engine_pool,
 )
 from services.proxy.recorder import TurnRecorder
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
@@ -137,7 +137,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
                 await asyncio.gather(*state.tasks, return_exceptions=True)
             await state.recorder.stop()
             await state.redis.aclose()
-            await close_shared_http_client()
+            await close_engine_pool()
 
     def authorized(request: Request) -> bool:
         if api_key is None:
@@ -193,15 +193,15 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
                 DROPPED.labels(exc.reason).inc()
                 log.warning("served turn not recorded", extra={"reason": exc.reason, "error": str(exc)})
                 return
+            except Exception:  # a bug here must cost one turn (counted), never the worker or the response
+                DROPPED.labels("internal_error").inc()
+                log.exception("recording a turn failed")
+                return
             state.recorder.record(turn)
 
         if completion.token_ids is None or completion.prompt_token_ids is None:
             # Re-tokenizing is slow: never on the event loop.
-            async def later() -> None:
-                turn_or_none = await asyncio.to_thread(_build_quietly, build)
-                del turn_or_none
-
-            task = asyncio.create_task(later())
+            task = asyncio.create_task(asyncio.to_thread(build))
             state.tasks.add(task)
             task.add_done_callback(state.tasks.discard)
         else:
@@ -251,23 +251,27 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
                     forward["logprobs"] = True
         if stream:
             return await _stream(request, session, index, body, forward, wants, headers, created)
+        main = session.turn_type == "main"
         try:
-            data = await state.engine.chat_raw(forward)
+            if not main:  # side turns: the engine's bytes go back untouched, never parsed
+                raw = await state.engine.chat_bytes(forward)
+            else:
+                data = await state.engine.chat_raw(forward)
         except EngineError as exc:
             return engine_failure(exc, session.turn_type, "false", headers)
-        main = session.turn_type == "main"
-        # Recording reads the engine's extras, so the client's copy is built from the raw bytes' re-decode.
-        payload = data if not main else dict(data, choices=[dict(c) for c in data.get("choices") or ()])
-        _strip(payload, wants)
         REQUESTS.labels(session.turn_type, "false", "200").inc()
         LATENCY.labels("false").observe(time.time() - created)
+        if not main:
+            return Response(raw, media_type="application/json", headers=headers)
+        # The client's copy drops what the proxy asked for on its own account; recording needs the original.
+        payload = dict(data, choices=[dict(c) for c in data.get("choices") or ()])
+        _strip(payload, wants)
         # The turn is built and recorded after the response has gone out: the user never waits for it.
-        background = BackgroundTask(record_response, session, index, body, data, created) if main else None
         return Response(
             _json_encoder.encode(payload),
             media_type="application/json",
             headers=headers,
-            background=background,
+            background=BackgroundTask(record_response, session, index, body, data, created),
         )
 
     def record_response(
@@ -397,13 +401,6 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
         lifespan=_lifespan,
         exception_handlers={Exception: _unexpected},
     )
-
-
-def _build_quietly(build: Any) -> None:
-    try:
-        build()
-    except Exception:
-        log.exception("recording a turn failed")
 
 
 def _strip(data: dict[str, Any], wants: dict[str, bool]) -> None:
