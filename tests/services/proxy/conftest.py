@@ -1,63 +1,40 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from schemas import PairedTurn, Turn
 from schemas.topics import TURNS, TURNS_PAIRED
 from services.bus import read_topic
 from services.config import Config, KafkaConfig, RedisConfig
-from services.engine.launch import EngineProcess, free_port
+from services.engine.launch import EngineProcess
+from services.launch import ServiceProcess, free_port
 
 
-class ProxyProcess:
-    """``turnstream proxy`` in a subprocess, configured through TURNSTREAM_* variables as a user would."""
+class ProxyProcess(ServiceProcess):
+    """``turnstream proxy`` in a subprocess, configured through TURNSTREAM_* variables as a user would; its own
+    spool (one per process) and a log beside the test's files."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        spool = Path(env["TURNSTREAM_PROXY_SPOOL_DIR"]).parent / f"spool-{self.port}"
-        self.env = {
-            **os.environ,
+        port = free_port()
+        base = Path(env["TURNSTREAM_PROXY_SPOOL_DIR"]).parent
+        self.logfile = open(base / f"proxy-{port}.log", "w")
+        env = {
             **env,
-            "TURNSTREAM_PROXY_PORT": str(self.port),
-            "TURNSTREAM_LOGGING_FORMAT": "text",
-            "TURNSTREAM_PROXY_SPOOL_DIR": str(spool),
+            "TURNSTREAM_PROXY_PORT": str(port),
+            "TURNSTREAM_PROXY_SPOOL_DIR": str(base / f"spool-{port}"),
         }
-        self.log = open(Path(env["TURNSTREAM_PROXY_SPOOL_DIR"]).parent / f"proxy-{self.port}.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "proxy"],
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
+        super().__init__(
+            ["proxy"], port=port, ready_path="/metrics", env=env, log=self.logfile, startup_timeout_s=60
         )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"proxy exited with {self.proc.returncode}; log: {self.log.name}")
-            try:
-                httpx.get(self.url + "/metrics", timeout=1)
-                return
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("proxy did not start") from None
-                time.sleep(0.2)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        super().stop()
+        self.logfile.close()
 
 
 @pytest.fixture
