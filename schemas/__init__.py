@@ -2,9 +2,7 @@
 
 from schemas.codec import DecodeError, decode, decode_any, encode
 from schemas.events import (
-    FINISH_REASONS as FINISH_REASONS_ALLOWED,
-)
-from schemas.events import (
+    FINISH_REASONS,
     SCHEMA_VERSION,
     ContractError,
     DeadLetter,
@@ -25,7 +23,7 @@ from schemas.topics import ALL_TOPICS, TopicSpec, normalize_namespace, spec_for,
 
 __all__ = [
     "ALL_TOPICS",
-    "FINISH_REASONS_ALLOWED",
+    "FINISH_REASONS",
     "SCHEMA_VERSION",
     "ContractError",
     "DeadLetter",

@@ -202,7 +202,7 @@ OPENCLAW_ALIASES: dict[str, tuple[str, str]] = {
 """OpenClaw-RL's variable names and the fields they set. ``TURNSTREAM_*`` wins when both are set."""
 
 # Variables under the prefix that are not config fields.
-_NOT_FIELDS = {"CONFIG", "CACHE", "KAFKA_BOOTSTRAP_SCRIPT", "KEEP_SERVICES"}
+_NOT_FIELDS = {"CONFIG", "CACHE", "KEEP_SERVICES"}
 
 
 def _field_kinds(section: type[_Section]) -> dict[str, str]:

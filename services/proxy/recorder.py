@@ -135,15 +135,10 @@ class TurnRecorder:
                 if in_memory
                 else await asyncio.to_thread(self.spool.peek, self.batch)
             )
-            if not records:  # never spin: the counts disagree only if the spool files were changed under us
+            if not records:  # never spin, whatever the spool reports
                 log.error(
                     "spool reports pending turns but none could be read",
-                    extra={
-                        "pending": self.spool.pending,
-                        "in_memory": in_memory,
-                        "mem": len(self.spool._mem),
-                        "complete": self.spool._mem_complete,
-                    },
+                    extra={"pending": self.spool.pending},
                 )
                 await asyncio.sleep(1.0)
                 continue

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 from prometheus_client import Counter
 
-from schemas import FINISH_REASONS_ALLOWED, Message, SamplingParams, Turn
+from schemas import FINISH_REASONS, Message, SamplingParams, Turn
 
 RETOKENIZED = Counter(
     "turnstream_proxy_retokenized_total", "Turns whose token ids were re-tokenized (the engine returned none)"
@@ -163,7 +163,7 @@ def build_turn(
         messages = msgspec.convert(body["messages"], list[Message])
     except (msgspec.ValidationError, ValueError) as exc:
         raise UnrecordableTurn("invalid_messages", str(exc)) from None
-    finish = completion.finish_reason if completion.finish_reason in FINISH_REASONS_ALLOWED else "stop"
+    finish = completion.finish_reason if completion.finish_reason in FINISH_REASONS else "stop"
     sampling = {k: body[k] for k in _SAMPLING_FIELDS if body.get(k) is not None}
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     stop = body.get("stop")
