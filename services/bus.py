@@ -381,6 +381,12 @@ class EventConsumer:
         )
 
 
+async def stop_when(event: asyncio.Event, consumer: EventConsumer) -> None:
+    """Stop ``consumer`` (after its in-flight batch) once ``event`` is set: for services run in-process."""
+    await event.wait()
+    consumer.request_stop()
+
+
 async def read_topic(
     kafka: KafkaConfig,
     spec: TopicSpec,

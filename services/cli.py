@@ -14,8 +14,6 @@ from services.logs import setup_logging
 
 # Parts of DESIGN §2's CLI that later issues build; each says so instead of pretending to run.
 _NOT_BUILT_YET = {
-    "judge": "issue 5 (judge workers)",
-    "teacher": "issue 5 (teacher workers)",
     "dispatcher": "issue 6 (dispatcher)",
     "trainer": "issue 7 (trainer)",
     "run": "issue 8 (turnstream run)",
@@ -59,6 +57,18 @@ def _parser() -> argparse.ArgumentParser:
     proxy.add_argument("--engine-url", help="default: engine.url")
 
     sub.add_parser("pairer", help="pairs each turn with its next state (turns -> turns.paired)")
+
+    judge = sub.add_parser("judge", help="eval and hindsight-hint votes (turns.paired -> judgments)")
+    judge.add_argument("--judge-id", help="default: judge.judge_id; each id is its own consumer group")
+    judge.add_argument("--backend", choices=["engine", "rules"], help="default: judge.backend")
+    judge.add_argument("--m", type=int, help="eval votes and hint votes per turn (default: judge.m)")
+    judge.add_argument("--engine-url", help="the judge engine (default: judge.engine_url)")
+
+    teacher = sub.add_parser("teacher", help="teacher log-probs under accepted hints (judgments -> teacher)")
+    teacher.add_argument("--engine-url", help="the teacher engine (default: teacher.engine_url)")
+    teacher.add_argument(
+        "--top-k", type=int, help="also the teacher's top-K per position (default: teacher.top_k)"
+    )
 
     cfg = sub.add_parser("config", help="print the resolved configuration as JSON")
     cfg.add_argument("action", choices=["show"])
@@ -131,6 +141,19 @@ def _proxy(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _override(config: Config, section: str, values: dict[str, object]) -> Config:
+    """``config`` with the command-line flags that were given, validated like the config file's values."""
+    given = {k: v for k, v in values.items() if v is not None}
+    if not given:
+        return config
+    current = msgspec.to_builtins(getattr(config, section))
+    try:
+        updated = msgspec.convert({**current, **given}, type(getattr(config, section)))
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ConfigError(f"{section}: {exc}") from None
+    return msgspec.structs.replace(config, **{section: updated})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -158,6 +181,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services.proxy.pairer import run_pairer
 
         asyncio.run(run_pairer(config))
+        return 0
+    if args.command == "judge":
+        from services.judge.worker import run_judge
+
+        overrides = {
+            "judge_id": args.judge_id,
+            "backend": args.backend,
+            "m": args.m,
+            "engine_url": args.engine_url,
+        }
+        try:
+            config = _override(config, "judge", overrides)
+        except ConfigError as exc:
+            print(f"turnstream judge: {exc}", file=sys.stderr)
+            return 2
+        asyncio.run(run_judge(config))
+        return 0
+    if args.command == "teacher":
+        from services.teacher.worker import run_teacher
+
+        try:
+            config = _override(config, "teacher", {"engine_url": args.engine_url, "top_k": args.top_k})
+        except ConfigError as exc:
+            print(f"turnstream teacher: {exc}", file=sys.stderr)
+            return 2
+        asyncio.run(run_teacher(config))
         return 0
     if args.command == "config":
         print(msgspec.json.format(msgspec.json.encode(config).decode()))

@@ -117,14 +117,32 @@ class JudgeConfig(_Section):
     eval_mode: bool = True
     """Run eval votes (OpenClaw's OPENCLAW_EVAL_MODE); hint votes always run."""
     deadline_s: PositiveFloat = 300.0
+    """Per vote: transient engine failures are retried until then; a vote still failing is recorded as failed."""
+    prompts_dir: str = ""
+    """Folder overriding any of eval|hint.system|user.txt (default: the templates shipped with turnstream)."""
+    max_state_chars: PositiveInt = 8000
+    """Longer responses and next states are cut in the middle (head and tail kept) before judging."""
+    max_batch: PositiveInt = 32
+    """Paired turns per consumer batch; small enough that a batch finishes well inside Kafka's poll interval."""
+    api_key: str | None = None
 
 
 class TeacherConfig(_Section):
     engine_url: str = "http://127.0.0.1:30002"
     model: str = ""
+    tokenizer: str = ""
+    """Folder or hub id of the teacher's tokenizer (default: the teacher engine's model path from
+    /get_model_info). It must share the policy's vocabulary: the teacher scores the policy's exact token ids."""
     top_k: NonNegInt = 0
     """0: log-probs of the response tokens only; K > 0: also the teacher's top-K per position."""
     max_concurrency: PositiveInt = 1
+    judge_ids: list[str] = msgspec.field(default_factory=list)
+    """Score accepted hints of these judges only (default: every judge)."""
+    deadline_s: PositiveFloat = 300.0
+    """Transient teacher-engine failures are retried until then, after which the batch is retried."""
+    max_batch: PositiveInt = 16
+    group_id: str = "turnstream-teacher"
+    api_key: str | None = None
 
 
 class DispatcherConfig(_Section):

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 import msgspec
@@ -48,6 +49,49 @@ class EngineError(Exception):
 
 class EngineTimeout(EngineError):
     pass
+
+
+class DeadlineExceeded(EngineError):
+    """Transient failures (unreachable, timeouts, 5xx, 429) lasted until the caller's deadline."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, None, retryable=True)
+
+
+T = TypeVar("T")
+
+
+async def until_deadline(
+    call: Callable[[], Awaitable[T]],
+    deadline_s: float,
+    *,
+    backoff_s: float = 0.5,
+    max_backoff_s: float = 15.0,
+    on_retry: Callable[[EngineError], None] | None = None,
+) -> T:
+    """``call()`` again after each retryable ``EngineError`` (exponential backoff, full jitter) until
+    ``deadline_s`` has passed; then ``DeadlineExceeded``. A non-retryable error (the engine rejected the request)
+    is raised at once: asking again would get the same answer. Workers whose calls may repeat (scoring, judge
+    votes) use this with a client built with ``retries=0``, so that one policy governs their retries."""
+    deadline = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return await asyncio.wait_for(call(), max(left, 0.001))
+        except TimeoutError:
+            raise DeadlineExceeded(f"no answer within the {deadline_s:g} s deadline") from None
+        except EngineError as exc:
+            if not exc.retryable:
+                raise
+            delay = min(backoff_s * 2**attempt, max_backoff_s)
+            delay = random.uniform(delay / 2, delay)
+            if time.monotonic() + delay >= deadline:
+                raise DeadlineExceeded(f"{exc} (gave up at the {deadline_s:g} s deadline)") from None
+            if on_retry is not None:
+                on_retry(exc)
+            attempt += 1
+            await asyncio.sleep(delay)
 
 
 class ScoreResult(msgspec.Struct, frozen=True):
@@ -288,9 +332,10 @@ class EngineClient:
         data = await self._request("POST", "/v1/chat/completions", req, idempotent=greedy)
         return parse_chat_result(data)
 
-    async def chat_raw(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST the body as given (non-streamed) and return the engine's JSON. Retried only if unsent."""
-        return await self._request("POST", "/v1/chat/completions", body, idempotent=False)  # type: ignore[no-any-return]
+    async def chat_raw(self, body: dict[str, Any], *, idempotent: bool = False) -> dict[str, Any]:
+        """POST the body as given (non-streamed) and return the engine's JSON. Retried only if unsent, unless
+        the caller says a second answer is as good as the first (``idempotent``)."""
+        return await self._request("POST", "/v1/chat/completions", body, idempotent=idempotent)  # type: ignore[no-any-return]
 
     async def chat_bytes(self, body: dict[str, Any]) -> bytes:
         """Like ``chat_raw`` but the engine's bytes untouched: for passing a response through unread."""

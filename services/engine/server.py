@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 
+from services.chat_template import TemplateError, render_prompt_ids
 from services.engine.parsers import StreamSplitter, parse_tool_calls, split_reasoning
 from services.engine.protocol import (
     ChatCompletionRequest,
@@ -115,14 +116,9 @@ def create_app(settings: EngineSettings, runner: Runner | None = None) -> FastAP
         messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
     ) -> list[int]:
         try:
-            text = tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
-            )
-        except (
-            Exception
-        ) as exc:  # template errors are the request's fault (e.g. content the template rejects)
-            raise BadRequest(f"the chat template could not render these messages: {exc}") from None
-        return list(tokenizer(text, add_special_tokens=False).input_ids)
+            return render_prompt_ids(tokenizer, messages, tools, kwargs)
+        except TemplateError as exc:
+            raise BadRequest(str(exc)) from None
 
     async def run_job(job: Job) -> AsyncIterator[TokenOut | Finished]:
         events = runner.submit(job)

@@ -21,7 +21,7 @@ from prometheus_client import Counter
 
 from schemas import Message, PairedTurn, Turn, decode, encode
 from schemas.topics import TURNS, TURNS_PAIRED
-from services.bus import EventConsumer, EventProducer, Record
+from services.bus import EventConsumer, EventProducer, Record, stop_when
 from services.config import Config
 from services.metrics import serve_metrics
 
@@ -161,7 +161,7 @@ async def run_pairer(
     await consumer.start()
     if install_signals:
         consumer.install_signal_handlers()
-    watcher = asyncio.create_task(_stop_when(stop, consumer)) if stop is not None else None
+    watcher = asyncio.create_task(stop_when(stop, consumer)) if stop is not None else None
     log.info(
         "pairer running",
         extra={"group": config.pairer.group_id, "idle_timeout_s": config.pairer.idle_timeout_s},
@@ -173,11 +173,6 @@ async def run_pairer(
             watcher.cancel()
         await producer.stop()
         await redis.aclose()
-
-
-async def _stop_when(event: asyncio.Event, consumer: EventConsumer) -> None:
-    await event.wait()
-    consumer.request_stop()
 
 
 __all__ = ["Pairer", "next_state", "run_pairer", "same_response"]

@@ -8,6 +8,8 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from services.chat_template import render_prompt_ids
+
 
 class Retokenizer:
     def __init__(self, path: str) -> None:
@@ -17,14 +19,9 @@ class Retokenizer:
         tok = self.tokenizer
         prompt = completion.prompt_token_ids
         if prompt is None:
-            text = tok.apply_chat_template(
-                body["messages"],
-                tools=body.get("tools"),
-                add_generation_prompt=True,
-                tokenize=False,
-                **(body.get("chat_template_kwargs") or {}),
+            prompt = render_prompt_ids(
+                tok, body["messages"], body.get("tools"), body.get("chat_template_kwargs")
             )
-            prompt = list(tok(text, add_special_tokens=False).input_ids)
         response = completion.token_ids
         if response is None:
             text = "".join(completion.content)

@@ -1,0 +1,57 @@
+"""The rules backend: keyword verdicts in the judge's own text format, read back through the real parsers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from schemas import Message, PairedTurn
+from services.judge import rules
+from services.judge.votes import parse_eval_vote, parse_hint_vote, select_hint
+from tests.strategies import example_turn
+
+
+def paired(*state: Message) -> PairedTurn:
+    return PairedTurn(turn=example_turn(), next_state=list(state), paired_at=time.time())
+
+
+def user(text: str) -> Message:
+    return Message(role="user", content=text)
+
+
+def tool(text: str) -> Message:
+    return Message(role="tool", content=text, tool_call_id="c1")
+
+
+@pytest.mark.parametrize(
+    ("state", "score"),
+    [
+        ([user("Thanks, that's perfect!")], 1),
+        ([user("No, that's wrong. It should be 5.")], -1),
+        ([user("Please try again.")], -1),
+        ([user("Actually I meant the capital of Norway.")], -1),
+        ([user("What about tomorrow?")], 0),
+        ([tool('{"temp": 4}')], 1),
+        ([tool("Traceback (most recent call last): KeyError")], -1),
+        ([tool("file not found")], -1),
+        ([tool("ok"), user("thanks")], 1),
+        ([tool("ok"), user("wrong file")], -1),
+    ],
+)
+def test_eval_verdicts(state: list[Message], score: int) -> None:
+    text = rules.answer("eval", paired(*state))
+    assert parse_eval_vote(text) == score
+
+
+def test_correction_becomes_the_hint() -> None:
+    p = paired(user("No,   use   Celsius\nnot Fahrenheit."))
+    score, hint = parse_hint_vote(rules.answer("hint", p))
+    assert score == 1 and hint == "No, use Celsius not Fahrenheit."
+    assert select_hint([(score, hint)]) == hint
+
+
+@pytest.mark.parametrize("state", [[user("thanks!")], [tool("error: boom")], [user("And Paris?")]])
+def test_no_correction_no_hint(state: list[Message]) -> None:
+    score, hint = parse_hint_vote(rules.answer("hint", paired(*state)))
+    assert score == -1 and hint == ""
