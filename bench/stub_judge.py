@@ -3,7 +3,8 @@ an LLM judge writes, so judge workers can be measured and tested without a GPU. 
 
 The verdict is read from the judge prompt: a next state mentioning "wrong" is a correction (eval \\boxed{-1};
 hint \\boxed{1} with a hint naming the turn), anything else is fine (eval \\boxed{1}; hint \\boxed{-1}).
-``--fail-every N`` answers every Nth chat request with a 500 (a flaky engine).
+``--fail-every N`` answers every Nth chat request with ``--fail-status`` (500: a flaky engine; 400: an engine
+that rejects those requests).
 
     python bench/stub_judge.py --port 31001 [--latency-ms 50] [--fail-every 0]
 """
@@ -38,7 +39,7 @@ def verdict(body: dict) -> str:
 
 
 def reply(status: int, payload: bytes) -> bytes:
-    reason = b"OK" if status == 200 else b"Internal Server Error"
+    reason = {200: b"OK", 400: b"Bad Request"}.get(status, b"Internal Server Error")
     return (
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
         % (status, reason, len(payload))
@@ -46,7 +47,7 @@ def reply(status: int, payload: bytes) -> bytes:
     )
 
 
-async def main(port: int, latency_s: float, fail_every: int) -> None:
+async def main(port: int, latency_s: float, fail_every: int, fail_status: int) -> None:
     calls = 0
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -66,7 +67,7 @@ async def main(port: int, latency_s: float, fail_every: int) -> None:
                     calls += 1
                     await asyncio.sleep(latency_s)
                     if fail_every and calls % fail_every == 0:
-                        writer.write(reply(500, b'{"error": {"message": "stub failure", "code": 500}}'))
+                        writer.write(reply(fail_status, b'{"error": {"message": "stub failure"}}'))
                     else:
                         text = verdict(json.loads(raw))
                         out = {
@@ -98,5 +99,6 @@ if __name__ == "__main__":
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--fail-every", type=int, default=0)
+    ap.add_argument("--fail-status", type=int, default=500)
     a = ap.parse_args()
-    asyncio.run(main(a.port, a.latency_ms / 1000, a.fail_every))
+    asyncio.run(main(a.port, a.latency_ms / 1000, a.fail_every, a.fail_status))

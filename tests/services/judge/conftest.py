@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from schemas import Judgment, Message, PairedTurn
+from schemas.topics import JUDGMENTS, TURNS_PAIRED
+from services.bus import EventProducer, read_topic
+from services.config import Config, JudgeConfig, KafkaConfig
+from services.launch import free_port
+from tests.strategies import example_turn
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+class StubJudge:
+    """bench/stub_judge.py in a subprocess: an engine that answers judge prompts after a fixed latency."""
+
+    def __init__(self, latency_ms: float = 5, fail_every: int = 0, fail_status: int = 500, port: int = 0):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "bench/stub_judge.py"),
+                "--port",
+                str(self.port),
+                "--latency-ms",
+                str(latency_ms),
+                "--fail-every",
+                str(fail_every),
+                "--fail-status",
+                str(fail_status),
+            ]
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+@pytest.fixture
+def stub_judge() -> Iterator[Callable[..., StubJudge]]:
+    started: list[StubJudge] = []
+
+    def start(**kw: object) -> StubJudge:
+        s = StubJudge(**kw)  # type: ignore[arg-type]
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def judge_config(kafka: KafkaConfig, **judge: object) -> Config:
+    return Config(kafka=kafka, judge=msgspec.convert(judge, JudgeConfig))
+
+
+def make_pairs(n: int, session: str = "s") -> list[PairedTurn]:
+    """n paired turns across a few sessions: every third a correction, every third thanks, every third neutral,
+    plus one terminal pairing per session (which judges skip)."""
+    out = []
+    replies = ["No, that's wrong: I asked for Celsius.", "Thanks, perfect!", "What about tomorrow?"]
+    for i in range(n):
+        sid = f"{session}{i % 4}"
+        turn = example_turn(sid, i + 1)
+        out.append(
+            PairedTurn(
+                turn=turn, next_state=[Message(role="user", content=replies[i % 3])], paired_at=time.time()
+            )
+        )
+    for k in range(4):
+        terminal = example_turn(f"{session}{k}", n + 1 + k, session_done=True)
+        out.append(
+            PairedTurn(turn=terminal, next_state=None, paired_at=time.time(), terminal_reason="session_done")
+        )
+    return out
+
+
+async def publish(kafka: KafkaConfig, pairs: list[PairedTurn]) -> None:
+    async with EventProducer(kafka) as producer:
+        for p in pairs:
+            await producer.send(TURNS_PAIRED, p, p.turn.session_id)
+
+
+async def wait_for_judgments(
+    kafka: KafkaConfig, done: Callable[[list[Judgment]], bool], timeout: float = 60.0
+) -> list[Judgment]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r.event async for r in read_topic(kafka, JUDGMENTS)]
+        if done(found) or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.3)
+
+
+def expected_keys(pairs: list[PairedTurn], judge_ids: list[str]) -> set[str]:
+    return {
+        f"{p.turn_id}/{j}/{kind}"
+        for p in pairs
+        if p.next_state is not None
+        for j in judge_ids
+        for kind in ("eval", "hint")
+    }
