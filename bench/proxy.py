@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
+from infra import Started, start_kafka, start_redis, stop_started
 
 from services.bus import read_topic
 from services.config import KafkaConfig
@@ -97,27 +98,6 @@ async def load(url: str, concurrency: int, total: int, stream: bool, headers_for
     return out
 
 
-def start_infra() -> tuple[str, str, list[tuple[str, dict[str, str]]]]:
-    started: list[tuple[str, dict[str, str]]] = []
-    bootstrap = os.environ.get("TURNSTREAM_KAFKA_BOOTSTRAP")
-    if not bootstrap:
-        env = {"KAFKA_PORT": "29092", "KAFKA_CONTROLLER_PORT": "29093"}
-        subprocess.run(
-            ["bash", str(REPO / "scripts/kafka.sh"), "start"], check=True, env={**os.environ, **env}
-        )
-        started.append(("kafka.sh", env))
-        bootstrap = "127.0.0.1:29092"
-    redis = os.environ.get("TURNSTREAM_REDIS_URL")
-    if not redis:
-        env = {"REDIS_PORT": "26379"}
-        subprocess.run(
-            ["bash", str(REPO / "scripts/redis.sh"), "start"], check=True, env={**os.environ, **env}
-        )
-        started.append(("redis.sh", env))
-        redis = "redis://127.0.0.1:26379/0"
-    return bootstrap, redis, started
-
-
 def main() -> None:
     import argparse
 
@@ -128,7 +108,8 @@ def main() -> None:
     ap.add_argument("--levels", default="1,16,64", help="concurrency levels, comma-separated")
     args = ap.parse_args()
 
-    bootstrap, redis_url, started = start_infra()
+    started: Started = []
+    bootstrap, redis_url = start_kafka(started), start_redis(started)
     namespace = f"bench-{uuid.uuid4().hex[:8]}."
     kafka = KafkaConfig(bootstrap=bootstrap, namespace=namespace)
     asyncio.run(create_topics(kafka, partitions=3))
@@ -226,12 +207,7 @@ def main() -> None:
         proxy.terminate()
         proxy.wait(30)
         stub.terminate()
-        for script, env_ in started:
-            subprocess.run(
-                ["bash", str(REPO / "scripts" / script), "stop"],
-                env={**os.environ, **env_},
-                capture_output=True,
-            )
+        stop_started(started)
     levels = results["non_streaming"]  # type: ignore[assignment]
     goals: dict[str, bool] = {
         "proxy_cpu_s_per_1000<=1.5": max(v["proxy_cpu_s_per_1000"] for v in levels.values()) <= 1.5,  # type: ignore[union-attr]

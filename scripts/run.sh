@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job on the embedded defaults (README, `make run`): set up, start Kafka and Redis on loopback, create
-# the topics, then run the parts of the pipeline that are built (engine, proxy with reloader, pairer) in the
-# foreground until Ctrl-C. Parts that later issues build are listed, not faked.
-# Ports: ENGINE_PORT (30000), PROXY_PORT (8000); logs under $TURNSTREAM_CACHE/run/.
+# the topics, then run the parts of the pipeline that are built (policy engine, proxy with reloader, pairer,
+# judge with the rules backend, teacher engine and teacher worker) in the foreground until Ctrl-C. Parts that later
+# issues build are listed, not faked.
+# Ports: ENGINE_PORT (30000), TEACHER_PORT (30002), PROXY_PORT (8000), metrics of pairer/judge/teacher on
+# 9101/9102/9103; logs under $TURNSTREAM_CACHE/run/.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -16,6 +18,7 @@ export TURNSTREAM_REDIS_URL="${TURNSTREAM_REDIS_URL:-redis://127.0.0.1:${REDIS_P
 export TURNSTREAM_LOGGING_FORMAT="${TURNSTREAM_LOGGING_FORMAT:-text}"
 ENGINE_PORT="${ENGINE_PORT:-30000}"
 PROXY_PORT="${PROXY_PORT:-8000}"
+TEACHER_PORT="${TEACHER_PORT:-30002}"
 export TURNSTREAM_ENGINE_URL="http://127.0.0.1:$ENGINE_PORT"
 export TURNSTREAM_PROXY_PORT="$PROXY_PORT"
 LOGS="$TURNSTREAM_CACHE/run"
@@ -27,7 +30,7 @@ model="$(.venv/bin/turnstream models fetch smollm2)"
 pids=()
 cleanup() {
     trap - INT TERM EXIT
-    log "stopping engine, proxy and pairer (Kafka and Redis keep running: make services-down)"
+    log "stopping the services (Kafka and Redis keep running: make services-down)"
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
 }
@@ -39,20 +42,33 @@ pids+=($!)
 wait_for 180 curl -sf "http://127.0.0.1:$ENGINE_PORT/health" || die "the engine did not start (log: $LOGS/engine.log)"
 .venv/bin/turnstream proxy >"$LOGS/proxy.log" 2>&1 &
 pids+=($!)
-.venv/bin/turnstream pairer >"$LOGS/pairer.log" 2>&1 &
+TURNSTREAM_METRICS_PORT=9101 .venv/bin/turnstream pairer >"$LOGS/pairer.log" 2>&1 &
+pids+=($!)
+# The judge: deterministic keyword rules on the CPU (point judge.backend=engine at a judge model on a GPU host).
+TURNSTREAM_METRICS_PORT=9102 .venv/bin/turnstream judge --backend rules >"$LOGS/judge.log" 2>&1 &
+pids+=($!)
+# The teacher: its own engine with the starting weights, never reloaded.
+.venv/bin/turnstream engine --model "$model" --port "$TEACHER_PORT" --served-model-name smollm2-teacher \
+    >"$LOGS/teacher-engine.log" 2>&1 &
+pids+=($!)
+wait_for 180 curl -sf "http://127.0.0.1:$TEACHER_PORT/health" \
+    || die "the teacher engine did not start (log: $LOGS/teacher-engine.log)"
+TURNSTREAM_METRICS_PORT=9103 .venv/bin/turnstream teacher --engine-url "http://127.0.0.1:$TEACHER_PORT" \
+    >"$LOGS/teacher.log" 2>&1 &
 pids+=($!)
 wait_for 60 curl -sf "http://127.0.0.1:$PROXY_PORT/healthz" || die "the proxy did not start (log: $LOGS/proxy.log)"
 
 cat >&2 <<MSG
 
 turnstream is serving an OpenAI-compatible API at http://127.0.0.1:$PROXY_PORT/v1 (SmolLM2-135M on the CPU).
-Every main-line turn is recorded on Kafka topic 'turns' and paired on 'turns.paired'. Try:
+Every main-line turn is recorded on Kafka topic 'turns', paired on 'turns.paired', judged on 'judgments'
+(rules judge), and scored by the teacher on 'teacher' when its hint is accepted. Try:
 
   curl -s http://127.0.0.1:$PROXY_PORT/v1/chat/completions -H 'content-type: application/json' \\
        -H 'X-Session-Id: demo' -d '{"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 32}'
 
-Not built yet: judge and teacher workers (issue 5), dispatcher (issue 6), trainer (issue 7), \`turnstream run\`
-(issue 8). Logs: $LOGS. Ctrl-C stops the services.
+Not built yet: dispatcher (issue 6), trainer (issue 7), \`turnstream run\` (issue 8). Logs: $LOGS.
+Ctrl-C stops the services.
 MSG
 wait -n "${pids[@]}"
 die "a service exited; see $LOGS"

@@ -1,0 +1,39 @@
+"""Kafka and Redis for benchmarks: the ones named by TURNSTREAM_KAFKA_BOOTSTRAP / TURNSTREAM_REDIS_URL, else
+started from scripts/ on ports of their own (29092, 26379) so that a benchmark never disturbs a test run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+Started = list[tuple[str, dict[str, str]]]
+
+
+def start_kafka(started: Started) -> str:
+    bootstrap = os.environ.get("TURNSTREAM_KAFKA_BOOTSTRAP")
+    if bootstrap:
+        return bootstrap
+    env = {"KAFKA_PORT": "29092", "KAFKA_CONTROLLER_PORT": "29093"}
+    subprocess.run(["bash", str(REPO / "scripts/kafka.sh"), "start"], check=True, env={**os.environ, **env})
+    started.append(("kafka.sh", env))
+    return "127.0.0.1:29092"
+
+
+def start_redis(started: Started) -> str:
+    url = os.environ.get("TURNSTREAM_REDIS_URL")
+    if url:
+        return url
+    env = {"REDIS_PORT": "26379"}
+    subprocess.run(["bash", str(REPO / "scripts/redis.sh"), "start"], check=True, env={**os.environ, **env})
+    started.append(("redis.sh", env))
+    return "redis://127.0.0.1:26379/0"
+
+
+def stop_started(started: Started) -> None:
+    for script, env in started:
+        subprocess.run(
+            ["bash", str(REPO / "scripts" / script), "stop"], env={**os.environ, **env}, capture_output=True
+        )
