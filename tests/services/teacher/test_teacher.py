@@ -141,6 +141,9 @@ async def test_teacher_logprobs_match_transformers_and_hint_lowers_off_hint_resp
     assert len(long_turn.response_token_ids) == 40
     teacher_mean = sum(long_scores.teacher_logprobs) / 40
     rollout_mean = sum(long_turn.response_logprobs) / 40
+    print(
+        f"mean log-prob of the 40-token response: rollout {rollout_mean:.3f}, teacher with hint {teacher_mean:.3f}"
+    )
     assert teacher_mean < rollout_mean, (teacher_mean, rollout_mean)
 
 
