@@ -387,6 +387,27 @@ async def stop_when(event: asyncio.Event, consumer: EventConsumer) -> None:
     consumer.request_stop()
 
 
+async def serve(
+    consumer: EventConsumer,
+    handler: Handler,
+    *,
+    idle: Callable[[], Awaitable[None]] | None = None,
+    install_signals: bool = True,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """A consuming service's main loop: join the group and run ``handler`` until SIGTERM/SIGINT (when
+    ``install_signals``) or ``stop`` is set; the in-flight batch finishes and is committed first."""
+    await consumer.start()
+    if install_signals:
+        consumer.install_signal_handlers()
+    watcher = asyncio.create_task(stop_when(stop, consumer)) if stop is not None else None
+    try:
+        await consumer.run(handler, idle=idle)
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+
+
 async def read_topic(
     kafka: KafkaConfig,
     spec: TopicSpec,

@@ -14,7 +14,6 @@ from services.logs import setup_logging
 
 # Parts of DESIGN §2's CLI that later issues build; each says so instead of pretending to run.
 _NOT_BUILT_YET = {
-    "dispatcher": "issue 6 (dispatcher)",
     "trainer": "issue 7 (trainer)",
     "run": "issue 8 (turnstream run)",
     "replay": "issue 8 (replay)",
@@ -68,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     teacher.add_argument("--engine-url", help="the teacher engine (default: teacher.engine_url)")
     teacher.add_argument(
         "--top-k", type=int, help="also the teacher's top-K per position (default: teacher.top_k)"
+    )
+
+    disp = sub.add_parser("dispatcher", help="joins judgments and teacher scores into samples (-> samples)")
+    disp.add_argument("--mode", choices=["rl", "opd", "combine"], help="default: dispatcher.mode")
+    disp.add_argument(
+        "--judge-ids", help="comma-separated judge ids to wait for (default: dispatcher.judge_ids)"
     )
 
     cfg = sub.add_parser("config", help="print the resolved configuration as JSON")
@@ -207,6 +212,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"turnstream teacher: {exc}", file=sys.stderr)
             return 2
         asyncio.run(run_teacher(config))
+        return 0
+    if args.command == "dispatcher":
+        from services.dispatcher.worker import run_dispatcher
+
+        judge_ids = [j.strip() for j in args.judge_ids.split(",")] if args.judge_ids else None
+        try:
+            config = _override(config, "dispatcher", {"mode": args.mode, "judge_ids": judge_ids})
+        except ConfigError as exc:
+            print(f"turnstream dispatcher: {exc}", file=sys.stderr)
+            return 2
+        asyncio.run(run_dispatcher(config))
         return 0
     if args.command == "config":
         print(msgspec.json.format(msgspec.json.encode(config).decode()))

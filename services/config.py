@@ -149,7 +149,16 @@ class DispatcherConfig(_Section):
     mode: Literal["rl", "opd", "combine"] = "combine"
     judge_ids: list[str] = msgspec.field(default_factory=lambda: ["default"])
     judge_combine: Literal["single", "majority"] = "single"
+    """How the eval scores of several judge ids combine: the first id's, or their majority (ties give 0)."""
     join_timeout_s: PositiveFloat = 3600.0
+    """A turn whose inputs are not all there this long after its first input is dropped (and counted)."""
+    sweep_interval_s: PositiveFloat = 5.0
+    dedupe_ttl_s: PositiveFloat = 7 * 86400.0
+    """How long a decided turn is remembered: redelivered or re-judged inputs within it never emit again."""
+    claim_lease_s: PositiveFloat = 30.0
+    """A sample claimed by a dispatcher that died before confirming it is checked against ``samples`` (and
+    emitted if missing) once the claim is this old."""
+    group_id: str = "turnstream-dispatcher"
 
     def __post_init__(self) -> None:
         if not self.judge_ids or any(not j.strip() for j in self.judge_ids):

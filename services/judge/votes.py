@@ -7,8 +7,9 @@ candidates and then commits is read by its final answer.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Sequence
+
+from services.majority import majority_vote
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _SCORE = re.compile(r"^\s*([+-]?)\s*([01])\s*$")
@@ -46,18 +47,10 @@ def parse_hint_vote(text: str) -> tuple[int | None, str]:
     return score, hints[-1].strip() if hints else ""
 
 
-def majority_vote(votes: Sequence[int | None]) -> int:
-    """The most common valid vote; 0 when there is none or the top count is tied."""
-    counts = Counter(v for v in votes if v is not None)
-    if not counts:
-        return 0
-    ranked = counts.most_common()
-    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
-        return 0
-    return ranked[0][0]
-
-
 def select_hint(votes: Sequence[tuple[int | None, str]]) -> str | None:
     """The longest stripped hint among votes scoring 1 whose hint is longer than 10 characters; else None."""
     candidates = [hint.strip() for score, hint in votes if score == 1 and len(hint.strip()) > MIN_HINT_CHARS]
     return max(candidates, key=len) if candidates else None
+
+
+__all__ = ["MIN_HINT_CHARS", "majority_vote", "parse_eval_vote", "parse_hint_vote", "select_hint"]

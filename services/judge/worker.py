@@ -21,7 +21,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import Judgment, PairedTurn, Vote
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
-from services.bus import EventConsumer, EventProducer, Record, stop_when
+from services.bus import EventConsumer, EventProducer, Record, serve
 from services.config import Config
 from services.judge.backends import Backend, EngineBackend, RulesBackend, VoteFailed
 from services.judge.prompts import PromptSet
@@ -216,19 +216,13 @@ async def run_judge(
         max_concurrency=jc.max_concurrency,
         eval_mode=jc.eval_mode,
     )
-    await consumer.start()
-    if install_signals:
-        consumer.install_signal_handlers()
-    watcher = asyncio.create_task(stop_when(stop, consumer)) if stop is not None else None
     log.info(
         "judge running",
         extra={"judge_id": jc.judge_id, "backend": jc.backend, "model": backend.model, "m": jc.m},
     )
     try:
-        await consumer.run(judge.handle)
+        await serve(consumer, judge.handle, install_signals=install_signals, stop=stop)
     finally:
-        if watcher is not None:
-            watcher.cancel()
         await producer.stop()
 
 

@@ -21,7 +21,7 @@ from prometheus_client import Counter
 
 from schemas import Message, PairedTurn, Turn, decode, encode
 from schemas.topics import TURNS, TURNS_PAIRED
-from services.bus import EventConsumer, EventProducer, Record, stop_when
+from services.bus import EventConsumer, EventProducer, Record, serve
 from services.config import Config
 from services.metrics import serve_metrics
 
@@ -158,19 +158,15 @@ async def run_pairer(
     await producer.start()
     consumer = EventConsumer(config.kafka, [TURNS], config.pairer.group_id, deadletter=producer)
     pairer = Pairer(config, redis, producer)
-    await consumer.start()
-    if install_signals:
-        consumer.install_signal_handlers()
-    watcher = asyncio.create_task(stop_when(stop, consumer)) if stop is not None else None
     log.info(
         "pairer running",
         extra={"group": config.pairer.group_id, "idle_timeout_s": config.pairer.idle_timeout_s},
     )
     try:
-        await consumer.run(pairer.handle, idle=pairer.maybe_sweep)
+        await serve(
+            consumer, pairer.handle, idle=pairer.maybe_sweep, install_signals=install_signals, stop=stop
+        )
     finally:
-        if watcher is not None:
-            watcher.cancel()
         await producer.stop()
         await redis.aclose()
 

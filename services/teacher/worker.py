@@ -23,7 +23,7 @@ from prometheus_client import Counter, Histogram
 
 from schemas import Judgment, TeacherScores
 from schemas.topics import JUDGMENTS, TEACHER
-from services.bus import EventConsumer, EventProducer, Record, stop_when
+from services.bus import EventConsumer, EventProducer, Record, serve
 from services.chat_template import TemplateError, render_prompt_ids
 from services.config import Config
 from services.engine_client import DeadlineExceeded, EngineClient, EngineError, ScoreResult, until_deadline
@@ -197,14 +197,8 @@ async def run_teacher(
         judge_ids=tc.judge_ids,
         deadline_s=tc.deadline_s,
     )
-    await consumer.start()
-    if install_signals:
-        consumer.install_signal_handlers()
-    watcher = asyncio.create_task(stop_when(stop, consumer)) if stop is not None else None
     log.info("teacher running", extra={"model": model, "tokenizer": tokenizer_path, "top_k": tc.top_k})
     try:
-        await consumer.run(teacher.handle)
+        await serve(consumer, teacher.handle, install_signals=install_signals, stop=stop)
     finally:
-        if watcher is not None:
-            watcher.cancel()
         await producer.stop()

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
@@ -13,9 +12,10 @@ import pytest
 
 from schemas import Judgment, Message, PairedTurn
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
-from services.bus import EventProducer, read_topic
+from services.bus import EventProducer
 from services.config import Config, JudgeConfig, KafkaConfig
 from services.launch import free_port
+from tests.kafka_wait import wait_for_events
 from tests.strategies import example_turn
 
 REPO = Path(__file__).resolve().parents[3]
@@ -104,12 +104,7 @@ async def publish(kafka: KafkaConfig, pairs: list[PairedTurn]) -> None:
 async def wait_for_judgments(
     kafka: KafkaConfig, done: Callable[[list[Judgment]], bool], timeout: float = 60.0
 ) -> list[Judgment]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [r.event async for r in read_topic(kafka, JUDGMENTS)]
-        if done(found) or time.monotonic() > deadline:
-            return found
-        await asyncio.sleep(0.3)
+    return await wait_for_events(kafka, JUDGMENTS, done, timeout)
 
 
 def expected_keys(pairs: list[PairedTurn], judge_ids: list[str]) -> set[str]:
