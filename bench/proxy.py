@@ -38,8 +38,13 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS
 
 
 def wait_http(url: str, timeout: float = 60) -> None:
@@ -159,9 +164,10 @@ def main() -> None:
         for c in [int(x) for x in args.levels.split(",")]:
             n = max(args.requests // (4 if c == 1 else 1), 2 * c)
             direct = asyncio.run(load(direct_url, c, n, False, session))
-            cpu0 = cpu_seconds(proxy.pid)
+            user0, sys0 = cpu_split(proxy.pid)
             via = asyncio.run(load(proxy_url, c, n, False, session))
-            cpu = cpu_seconds(proxy.pid) - cpu0
+            user1, sys1 = cpu_split(proxy.pid)
+            cpu = user1 - user0 + sys1 - sys0
             sent_main += n
             levels[str(c)] = {
                 "direct": {k: round(v, 2) for k, v in direct.items()},
@@ -170,6 +176,7 @@ def main() -> None:
                 "added_p99_ms": round(via["p99_ms"] - direct["p99_ms"], 2),
                 "throughput_ratio": round(via["rps"] / direct["rps"], 3),
                 "proxy_cpu_s_per_1000": round(1000 * cpu / n, 3),
+                "proxy_system_cpu_share": round((sys1 - sys0) / cpu, 2) if cpu else 0.0,
             }
         results["non_streaming"] = levels
         n = max(args.requests // 4, 50)

@@ -102,3 +102,140 @@ async def test_unreachable_server_raises_httpx_connect_error() -> None:
     with pytest.raises(httpx.ConnectError):
         await post(pool, f"http://127.0.0.1:{free_port()}/x", b"x")
     await pool.aclose()
+
+
+async def raw_server(port: int, respond: object) -> asyncio.AbstractServer:
+    """A server whose handler writes whatever bytes the test wants for each request."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await respond(writer)  # type: ignore[operator]
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", port)
+
+
+async def test_chunked_body_streams_chunk_by_chunk() -> None:
+    port = free_port()
+    release = asyncio.Event()
+
+    async def respond(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await release.wait()
+        writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
+        await writer.drain()
+
+    server = await raw_server(port, respond)
+    pool = LeanPool()
+    try:
+        resp = await pool.handle_async_request(httpx.Request("GET", f"http://127.0.0.1:{port}/s"))
+        parts = resp.aiter_raw()
+        assert await parts.__anext__() == b"first"  # arrives before the server sent the rest
+        release.set()
+        assert [p async for p in parts] == [b"second"]
+        await resp.aclose()
+    finally:
+        await pool.aclose()
+        server.close()
+
+
+async def test_body_until_close_and_read_timeout() -> None:
+    port = free_port()
+
+    async def respond(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\nno length, ends with the connection")
+        await writer.drain()
+        writer.close()
+
+    server = await raw_server(port, respond)
+    pool = LeanPool()
+    try:
+        assert await post(pool, f"http://127.0.0.1:{port}/x", b"") == b"no length, ends with the connection"
+    finally:
+        server.close()
+
+    silent_port = free_port()
+
+    async def never(writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3600)
+
+    silent = await raw_server(silent_port, never)
+    timeout = httpx.Timeout(0.3).as_dict()
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            await pool.handle_async_request(
+                httpx.Request("GET", f"http://127.0.0.1:{silent_port}/", extensions={"timeout": timeout})
+            )
+    finally:
+        await pool.aclose()
+        silent.close()
+
+
+async def test_malformed_response_and_mid_body_disconnect_raise_httpx_errors() -> None:
+    port = free_port()
+
+    async def garbage(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+
+    server = await raw_server(port, garbage)
+    pool = LeanPool()
+    try:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await post(pool, f"http://127.0.0.1:{port}/x", b"")
+    finally:
+        server.close()
+
+    cut_port = free_port()
+
+    async def cut(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
+        await writer.drain()
+        writer.close()
+
+    cut_server = await raw_server(cut_port, cut)
+    try:
+        with pytest.raises(httpx.ReadError):
+            await post(pool, f"http://127.0.0.1:{cut_port}/x", b"")
+    finally:
+        await pool.aclose()
+        cut_server.close()
+
+
+async def test_reused_connection_closed_before_answering_is_retried_on_a_new_one() -> None:
+    """The server closes a kept-alive connection just as the next request goes out (its idle timeout racing the
+    client): nothing was answered, so the pool sends the request again on a fresh connection."""
+    port = free_port()
+    conns: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns.append(1)
+        first_connection = len(conns) == 1
+        served = 0
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                if first_connection and served == 1:
+                    writer.transport.abort()  # the race: the request arrived, the connection dies unanswered
+                    return
+                served += 1
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    pool = LeanPool()
+    try:
+        assert await post(pool, f"http://127.0.0.1:{port}/x", b"") == b"ok"
+        assert await post(pool, f"http://127.0.0.1:{port}/x", b"") == b"ok"
+        assert len(conns) == 2
+    finally:
+        await pool.aclose()
+        server.close()
