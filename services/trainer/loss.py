@@ -1,0 +1,103 @@
+"""The trainer's objective (DESIGN §4 "trainer"), pure torch so it is tested on hand-computed numbers.
+
+One loss, not a weighted sum of two: rl and opd signals mix in advantage space, and one PPO clipped surrogate
+with an asymmetric clip optimizes both. ``old`` log-probs are the rollout log-probs the proxy recorded.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+MODES = ("rl", "opd", "combine")
+_TAIL_FLOOR = 1e-6
+
+
+def sample_advantages(
+    mode: str,
+    reward: float,
+    old_logprobs: Tensor,
+    teacher_logprobs: Tensor | None,
+    w_rl: float = 1.0,
+    w_opd: float = 1.0,
+) -> Tensor:
+    """Per-token advantages of one sample. rl: the reward broadcast; opd: ``teacher - old``; combine:
+    ``w_opd * (teacher - old) + w_rl * reward``. A missing teacher counts as equal to old. No gradient flows
+    through advantages."""
+    old = old_logprobs.detach()
+    if mode == "rl":
+        return torch.full_like(old, float(reward))
+    teacher = old if teacher_logprobs is None else teacher_logprobs.detach()
+    gap = teacher - old
+    if mode == "opd":
+        return gap
+    if mode == "combine":
+        return w_opd * gap + w_rl * float(reward)
+    raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+
+
+def ppo_clip_loss(
+    new_logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    eps_clip: float = 0.2,
+    eps_clip_high: float = 0.28,
+) -> tuple[Tensor, Tensor]:
+    """Per-token ``max(-r A, -clip(r, 1 - eps_clip, 1 + eps_clip_high) A)`` with ``r = exp(new - old)``, and a
+    float tensor that is 1 where the clipped term was the one taken (the clip fraction's numerator)."""
+    ratio = torch.exp(new_logprobs - old_logprobs.detach())
+    adv = advantages.detach()
+    unclipped = -ratio * adv
+    clipped = -torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip_high) * adv
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
+def low_var_kl(new_logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """KL(new || ref) per token with the k3 estimator ``exp(ref - new) - (ref - new) - 1``, clamped to [-10, 10]."""
+    log_ratio = ref_logprobs.detach() - new_logprobs
+    return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, -10.0, 10.0)
+
+
+def _with_tail(topk_logprobs: Tensor) -> Tensor:
+    """Log-probs over K tokens plus a last bin holding the remaining mass."""
+    mass = torch.exp(topk_logprobs).sum(-1, keepdim=True)
+    tail = torch.log(torch.clamp(1.0 - mass, min=_TAIL_FLOOR))
+    return torch.cat([topk_logprobs, tail], dim=-1)
+
+
+def topk_distillation_loss(student_topk_logprobs: Tensor, teacher_topk_logprobs: Tensor) -> Tensor:
+    """Per-token reverse KL(student || teacher) over the teacher's K tokens plus one tail bin for the rest of each
+    distribution's mass. Inputs are ``[..., K]`` log-probs of the same K token ids under each model."""
+    s = _with_tail(student_topk_logprobs)
+    t = _with_tail(teacher_topk_logprobs.detach())
+    return (torch.exp(s) * (s - t)).sum(-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Per-position entropy of the softmax over the last dimension."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(torch.exp(logp) * logp).sum(-1)
+
+
+def batch_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean over samples of each sample's masked token mean (``[B, T]`` values and mask): a long response counts
+    as much as a short one."""
+    mask = mask.to(values.dtype)
+    per_sample = (values * mask).sum(-1) / torch.clamp(mask.sum(-1), min=1.0)
+    return per_sample.mean()
+
+
+def total_loss(
+    policy_loss: Tensor,
+    entropy: Tensor | None = None,
+    kl: Tensor | None = None,
+    entropy_coef: float = 0.0,
+    kl_coef: float = 0.0,
+) -> Tensor:
+    """policy loss - entropy_coef x entropy + kl_coef x KL (each already reduced with ``batch_mean``)."""
+    loss = policy_loss
+    if entropy is not None and entropy_coef:
+        loss = loss - entropy_coef * entropy
+    if kl is not None and kl_coef:
+        loss = loss + kl_coef * kl
+    return loss
