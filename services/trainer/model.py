@@ -1,0 +1,249 @@
+"""The policy as a Megatron-core ``GPTModel``, built from a Hugging Face ``config.json``, with weights mapped
+exactly from and to Hugging Face safetensors.
+
+Families: Llama (SmolLM2, Llama 3; tied or untied embeddings) and Qwen3 dense (RMSNorm on q and k per head).
+Megatron fuses what Hugging Face keeps apart: ``linear_qkv`` holds, per KV group, that group's query heads, then
+its key head, then its value head; ``linear_fc1`` holds the gate projection above the up projection (SwiGLU takes
+``silu(first half) * second half``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+FAMILIES = {"llama": ("LlamaForCausalLM",), "qwen3": ("Qwen3ForCausalLM",)}
+
+
+class ModelSpec(msgspec.Struct, frozen=True):
+    family: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    rms_eps: float
+    rope_theta: float
+    tie_embeddings: bool
+    max_position: int
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> ModelSpec:
+        arch = (config.get("architectures") or [""])[0]
+        family = next((f for f, archs in FAMILIES.items() if arch in archs), None)
+        if family is None and config.get("model_type") in FAMILIES:
+            family = str(config["model_type"])
+        if family is None:
+            raise ValueError(
+                f"architecture {arch or config.get('model_type')!r} is not supported (Llama, Qwen3)"
+            )
+        # transformers >= 5 keeps RoPE settings under rope_parameters; older configs at the top level.
+        rope = dict(config.get("rope_parameters") or {})
+        if config.get("rope_scaling"):
+            rope.update(config["rope_scaling"])
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"RoPE type {rope.get('rope_type')!r} is not supported yet (only default RoPE)")
+        rope_theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        return cls(
+            family=family,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            ffn_hidden_size=int(config["intermediate_size"]),
+            rms_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            max_position=int(config.get("max_position_embeddings", 4096)),
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelSpec:
+        return cls.from_hf(json.loads((Path(path) / "config.json").read_text()))
+
+
+def init_single_process(seed: int = 1234) -> None:
+    """World size 1 (gloo), tensor and pipeline parallel size 1, and the model-parallel RNG: enough for a
+    GPTModel on one CPU process. torchrun sets up the multi-GPU case instead."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random as mrandom
+
+    from services.trainer.cpu_shim import apply_cpu_shim
+
+    apply_cpu_shim()
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            from services.launch import free_port
+
+            os.environ["MASTER_PORT"] = str(free_port())
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    tracker = mrandom.get_cuda_rng_tracker()
+    if mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME not in tracker.get_states():
+        tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed)
+
+
+def build_model(spec: ModelSpec, dtype: torch.dtype = torch.float32) -> Any:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads,
+        kv_channels=spec.head_dim,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.rms_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        qk_layernorm=spec.family == "qwen3",
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        use_cpu_initialization=True,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+    )
+    layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.family == "qwen3", normalization="RMSNorm")
+    return GPTModel(
+        config,
+        layer_spec,
+        vocab_size=spec.vocab_size,
+        max_sequence_length=spec.max_position,
+        share_embeddings_and_output_weights=spec.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(spec.rope_theta),
+    )
+
+
+def hf_to_megatron(spec: ModelSpec, hf: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Hugging Face tensors -> the GPTModel's state dict names and layouts."""
+    nq, nkv, hd, h = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.hidden_size
+    out: dict[str, Tensor] = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
+    for i in range(spec.num_layers):
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+        q = hf[src + "self_attn.q_proj.weight"].view(nkv, (nq // nkv) * hd, h)
+        k = hf[src + "self_attn.k_proj.weight"].view(nkv, hd, h)
+        v = hf[src + "self_attn.v_proj.weight"].view(nkv, hd, h)
+        out[dst + "self_attention.linear_qkv.weight"] = torch.cat([q, k, v], dim=1).reshape(-1, h)
+        out[dst + "self_attention.linear_proj.weight"] = hf[src + "self_attn.o_proj.weight"]
+        out[dst + "input_layernorm.weight"] = hf[src + "input_layernorm.weight"]
+        out[dst + "pre_mlp_layernorm.weight"] = hf[src + "post_attention_layernorm.weight"]
+        out[dst + "mlp.linear_fc1.weight"] = torch.cat(
+            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]], dim=0
+        )
+        out[dst + "mlp.linear_fc2.weight"] = hf[src + "mlp.down_proj.weight"]
+        if spec.family == "qwen3":
+            out[dst + "self_attention.q_layernorm.weight"] = hf[src + "self_attn.q_norm.weight"]
+            out[dst + "self_attention.k_layernorm.weight"] = hf[src + "self_attn.k_norm.weight"]
+    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if not spec.tie_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    return out
+
+
+def megatron_to_hf(spec: ModelSpec, mc: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The inverse of ``hf_to_megatron`` (contiguous tensors, ready for safetensors)."""
+    nq, nkv, hd, h = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.hidden_size
+    r = nq // nkv
+    out: dict[str, Tensor] = {"model.embed_tokens.weight": mc["embedding.word_embeddings.weight"]}
+    for i in range(spec.num_layers):
+        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+        qkv = mc[src + "self_attention.linear_qkv.weight"].view(nkv, (r + 2) * hd, h)
+        q, k, v = torch.split(qkv, [r * hd, hd, hd], dim=1)
+        out[dst + "self_attn.q_proj.weight"] = q.reshape(nq * hd, h)
+        out[dst + "self_attn.k_proj.weight"] = k.reshape(nkv * hd, h)
+        out[dst + "self_attn.v_proj.weight"] = v.reshape(nkv * hd, h)
+        out[dst + "self_attn.o_proj.weight"] = mc[src + "self_attention.linear_proj.weight"]
+        out[dst + "input_layernorm.weight"] = mc[src + "input_layernorm.weight"]
+        out[dst + "post_attention_layernorm.weight"] = mc[src + "pre_mlp_layernorm.weight"]
+        gate, up = torch.chunk(mc[src + "mlp.linear_fc1.weight"], 2, dim=0)
+        out[dst + "mlp.gate_proj.weight"] = gate
+        out[dst + "mlp.up_proj.weight"] = up
+        out[dst + "mlp.down_proj.weight"] = mc[src + "mlp.linear_fc2.weight"]
+        if spec.family == "qwen3":
+            out[dst + "self_attn.q_norm.weight"] = mc[src + "self_attention.q_layernorm.weight"]
+            out[dst + "self_attn.k_norm.weight"] = mc[src + "self_attention.k_layernorm.weight"]
+    out["model.norm.weight"] = mc["decoder.final_layernorm.weight"]
+    if not spec.tie_embeddings:
+        out["lm_head.weight"] = mc["output_layer.weight"]
+    return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def read_hf_weights(path: str | Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, Tensor] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        tensors.update(load_file(f))
+    if not tensors:
+        raise FileNotFoundError(f"no .safetensors files in {path}")
+    return tensors
+
+
+def load_hf_into(model: Any, spec: ModelSpec, hf: dict[str, Tensor]) -> None:
+    """Copy Hugging Face weights into the model; every parameter must be covered, nothing left over."""
+    try:
+        mapped = hf_to_megatron(spec, hf)
+    except KeyError as exc:
+        raise ValueError(f"weight mapping mismatch: the Hugging Face weights lack {exc}") from None
+    state = model.state_dict()
+    params = {k for k in state if not k.endswith("._extra_state")}
+    missing = sorted(params - mapped.keys())
+    unused = sorted(mapped.keys() - params)
+    if missing or unused:
+        raise ValueError(f"weight mapping mismatch: missing {missing[:5]}, unused {unused[:5]}")
+    with torch.no_grad():
+        for name, tensor in mapped.items():
+            if state[name].shape != tensor.shape:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(state[name].shape)}")
+            state[name].copy_(tensor)
+
+
+def export_hf(model: Any, spec: ModelSpec) -> dict[str, Tensor]:
+    return megatron_to_hf(
+        spec, {k: v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
+    )
+
+
+def causal_padding_mask(attention_mask: Tensor) -> Tensor:
+    """``[B, S]`` 1 = token, 0 = padding -> Megatron's ``[B, 1, S, S]`` boolean mask (True = may not attend)."""
+    s = attention_mask.shape[1]
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=attention_mask.device), diagonal=1)
+    pad = ~attention_mask.bool()[:, None, None, :]
+    return causal[None, None] | pad
+
+
+def forward_logits(model: Any, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """``[B, S]`` ids (right-padded) -> ``[B, S, V]`` logits."""
+    b, s = input_ids.shape
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
+    return model(input_ids, position_ids, causal_padding_mask(attention_mask))
