@@ -182,6 +182,9 @@ class TrainerConfig(_Section):
     entropy_coef: NonNegFloat = 0.0
     kl_coef: NonNegFloat = 0.0
     max_staleness: NonNegInt = 4
+    clip_grad: NonNegFloat = 1.0
+    micro_batch_tokens: PositiveInt = 8192
+    """Forward/backward passes hold at most this many (padded) tokens; gradients accumulate across them."""
 
 
 class MetricsConfig(_Section):

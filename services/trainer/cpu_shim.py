@@ -4,17 +4,42 @@ unconditionally, redirected to the CPU. Applied only when CUDA is absent, and id
 - ``torch.cuda.current_device()`` (rotary embeddings move their inverse frequencies there): the CPU.
 - The default causal mask is allocated with ``device="cuda"``: allocated on the CPU.
 - The model-parallel RNG tracker keeps CUDA generator states: it keeps CPU generator states instead.
-- Gradient clipping asserts CUDA tensors for its fused multi-tensor norm: the plain torch norm is used.
+- Gradient clipping asserts that gradients are CUDA tensors: the same clip without the assertion.
+- Optimizer code allocates with ``device="cuda"``: ``cpu_allocations()`` (a torch function mode, entered only
+  around optimizer construction and steps, so the model's own compute pays nothing) rewrites those to the CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _applied = False
+
+
+class _CudaToCpu(TorchFunctionMode):
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and str(device).startswith("cuda"):
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cpu_allocations() -> Iterator[None]:
+    """Inside: ``device="cuda"`` in torch calls means the CPU (no-op where CUDA exists)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    with _CudaToCpu():
+        yield
 
 
 def _cpu_causal_mask(sq: int) -> torch.Tensor:
@@ -59,6 +84,23 @@ def apply_cpu_shim() -> bool:
                 self.states_[name] = torch.get_rng_state()
                 torch.set_rng_state(outer)
 
+    import megatron.core.optimizer.clip_grads as clip_grads
+    import megatron.core.optimizer.optimizer as moptimizer
+
+    def clip_grad_by_total_norm_cpu(
+        parameters: Any, max_norm: float, total_norm: float, use_decoupled_grad: bool = False
+    ) -> None:
+        """Megatron's clip, minus its assertion that gradients live on CUDA."""
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        attr = "decoupled_grad" if use_decoupled_grad else "grad"
+        grads = [getattr(p, attr).detach() for p in parameters if getattr(p, attr, None) is not None]
+        clip_coeff = max_norm / (total_norm + 1.0e-6)
+        if grads and clip_coeff < 1.0:
+            torch._foreach_mul_(grads, clip_coeff)
+
+    clip_grads.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_cpu
+    moptimizer.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_cpu
     mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _applied = True
