@@ -14,7 +14,6 @@ from services.logs import setup_logging
 
 # Parts of DESIGN §2's CLI that later issues build; each says so instead of pretending to run.
 _NOT_BUILT_YET = {
-    "trainer": "issue 7 (trainer)",
     "run": "issue 8 (turnstream run)",
     "replay": "issue 8 (replay)",
 }
@@ -73,6 +72,14 @@ def _parser() -> argparse.ArgumentParser:
     disp.add_argument("--mode", choices=["rl", "opd", "combine"], help="default: dispatcher.mode")
     disp.add_argument(
         "--judge-ids", help="comma-separated judge ids to wait for (default: dispatcher.judge_ids)"
+    )
+
+    trainer = sub.add_parser("trainer", help="trains the policy on samples and publishes weight versions")
+    trainer.add_argument(
+        "--hf-checkpoint", help="the policy's Hugging Face folder (default: trainer.hf_checkpoint)"
+    )
+    trainer.add_argument(
+        "--max-steps", type=int, help="stop after this many steps (default: trainer.max_steps)"
     )
 
     cfg = sub.add_parser("config", help="print the resolved configuration as JSON")
@@ -223,6 +230,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"turnstream dispatcher: {exc}", file=sys.stderr)
             return 2
         asyncio.run(run_dispatcher(config))
+        return 0
+    if args.command == "trainer":
+        from services.trainer.worker import run_trainer
+
+        try:
+            config = _override(
+                config, "trainer", {"hf_checkpoint": args.hf_checkpoint, "max_steps": args.max_steps}
+            )
+        except ConfigError as exc:
+            print(f"turnstream trainer: {exc}", file=sys.stderr)
+            return 2
+        asyncio.run(run_trainer(config))
         return 0
     if args.command == "config":
         print(msgspec.json.format(msgspec.json.encode(config).decode()))

@@ -183,6 +183,11 @@ class TrainerConfig(_Section):
     kl_coef: NonNegFloat = 0.0
     max_staleness: NonNegInt = 4
     clip_grad: NonNegFloat = 1.0
+    group_id: str = "turnstream-trainer"
+    max_steps: NonNegInt = 0
+    """Stop after this many steps in this run (0: run until stopped)."""
+    keep_versions: PositiveInt = 5
+    """Published weight folders kept on disk (older ones are deleted; the engine has loaded them by then)."""
     micro_batch_tokens: PositiveInt = 8192
     """Forward/backward passes hold at most this many (padded) tokens; gradients accumulate across them."""
 

@@ -1,0 +1,127 @@
+"""The trainer's durable state on disk: published weight versions and resumable checkpoints.
+
+``<root>/versions/v<N>/``: Hugging Face safetensors plus the base model's config and tokenizer files, written to a
+temporary folder and renamed into place, so an engine never sees half a version. ``<root>/checkpoints/``: model
+and optimizer state, the ``samples`` offsets the step consumed up to, and the ids of the samples each version was
+trained on; ``latest.json`` names the newest and is replaced atomically after the checkpoint is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+_COPY = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
+
+class CheckpointMeta(msgspec.Struct):
+    version: int
+    step: int
+    offsets: dict[str, int]
+    """``"<partition>"`` -> the next offset to consume on ``samples``."""
+    trained: list[list[str]]
+    """Sample ids per step, oldest first: the lineage of this checkpoint's weights."""
+    samples_trained: int
+    base_model: str
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class TrainerStore:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.versions = self.root / "versions"
+        self.checkpoints = self.root / "checkpoints"
+        self.versions.mkdir(parents=True, exist_ok=True)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+
+    def write_version(
+        self, version: int, tensors: dict[str, torch.Tensor], base: str | Path
+    ) -> tuple[Path, str]:
+        """Write ``versions/v<version>`` atomically; returns (path, sha256 of the weights file)."""
+        from safetensors.torch import save_file
+
+        final = self.versions / f"v{version}"
+        tmp = self.versions / f".v{version}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        weights = tmp / "model.safetensors"
+        save_file(tensors, str(weights), metadata={"format": "pt"})
+        for name in _COPY:
+            src = Path(base) / name
+            if src.exists():
+                shutil.copyfile(src, tmp / name)
+        digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _fsync_dir(self.versions)
+        return final, digest
+
+    def prune_versions(self, keep: int, protect: int) -> None:
+        found = sorted(
+            (int(p.name[1:]), p)
+            for p in self.versions.iterdir()
+            if p.name.startswith("v") and p.name[1:].isdigit()
+        )
+        for version, path in found[:-keep]:
+            if version != protect:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def save(self, meta: CheckpointMeta, model_state: dict[str, Any], optimizer_state: Any) -> None:
+        """The checkpoint of ``meta.version``; ``latest.json`` moves to it only once it is complete on disk."""
+        tmp = self.checkpoints / f".ckpt-v{meta.version}.tmp"
+        final = self.checkpoints / f"ckpt-v{meta.version}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        torch.save({"model": model_state, "optimizer": optimizer_state}, tmp / "state.pt")
+        (tmp / "meta.json").write_bytes(msgspec.json.encode(meta))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        pointer = self.checkpoints / ".latest.json.tmp"
+        pointer.write_text(json.dumps({"checkpoint": final.name, "version": meta.version}))
+        with open(pointer, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(pointer, self.checkpoints / "latest.json")
+        _fsync_dir(self.checkpoints)
+        for old in self.checkpoints.glob("ckpt-v*"):
+            if old.name != final.name:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def latest(self) -> tuple[CheckpointMeta, Path] | None:
+        pointer = self.checkpoints / "latest.json"
+        if not pointer.exists():
+            return None
+        folder = self.checkpoints / json.loads(pointer.read_text())["checkpoint"]
+        return msgspec.json.decode((folder / "meta.json").read_bytes(), type=CheckpointMeta), folder
+
+    @staticmethod
+    def load_state(folder: Path) -> dict[str, Any]:
+        return torch.load(folder / "state.pt", weights_only=False)  # our own file, written by save()

@@ -1,0 +1,272 @@
+"""``turnstream trainer``: consumes ``samples``, trains the policy, publishes weight versions.
+
+Per step: ``rollout_batch_size`` samples (older than ``max_staleness`` versions are dropped and counted) -> one
+optimizer step -> the weights as Hugging Face safetensors in ``versions/v<N>`` (atomic) -> a checkpoint holding
+model, optimizer, the ``samples`` offsets consumed and the lineage of trained sample ids -> ``WeightsPublished``
+-> the offsets committed to Kafka. A restart resumes from the checkpoint, seeking ``samples`` to its offsets, so
+a sample is trained exactly once in the lineage of the published weights, whenever the trainer is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client import Counter, Gauge, Histogram
+
+from schemas import DecodeError, Sample, WeightsPublished, decode
+from schemas.topics import MAX_MESSAGE_BYTES, SAMPLES, WEIGHTS
+from services.bus import EventProducer, _security
+from services.config import Config
+from services.metrics import serve_metrics
+from services.trainer.checkpoints import CheckpointMeta, TrainerStore
+from services.trainer.step import StepStats, train_step
+
+log = logging.getLogger("turnstream.trainer")
+
+STEPS = Counter("turnstream_trainer_steps_total", "Optimizer steps taken")
+SAMPLES_IN = Counter("turnstream_trainer_samples_total", "Samples trained on", ["kind"])
+DROPPED = Counter("turnstream_trainer_dropped_total", "Samples not trained on", ["reason"])
+STALENESS = Histogram(
+    "turnstream_trainer_staleness_versions",
+    "Policy versions between a sample's and the trainer's",
+    buckets=range(9),
+)
+LAST = Gauge("turnstream_trainer_last", "Figures of the last step", ["name"])
+VERSION = Gauge("turnstream_trainer_version", "Newest published weight version")
+STEP_SECONDS = Histogram("turnstream_trainer_step_seconds", "One optimizer step (forward, backward, update)")
+
+
+class _Pending:
+    """Consumed samples not trained yet, and the offsets that are safe to checkpoint around them."""
+
+    def __init__(self, start: dict[int, int]) -> None:
+        self.samples: list[tuple[int, int, Sample]] = []
+        self.next_offset = dict(start)
+
+    def processed(self, partition: int, offset: int) -> None:
+        self.next_offset[partition] = offset + 1
+
+    def add(self, partition: int, offset: int, sample: Sample) -> None:
+        self.samples.append((partition, offset, sample))
+        self.processed(partition, offset)
+
+    def take(self, n: int) -> list[Sample]:
+        taken, self.samples = self.samples[:n], self.samples[n:]
+        return [s for _, _, s in taken]
+
+    def safe_offsets(self) -> dict[int, int]:
+        """Per partition: where a restart must resume so that pending samples are read again."""
+        safe = dict(self.next_offset)
+        for partition, offset, _ in self.samples:
+            safe[partition] = min(safe.get(partition, offset), offset)
+        return safe
+
+
+class TrainerLoop:
+    def __init__(self, config: Config, policy: Any, store: TrainerStore, base: str) -> None:
+        self.config = config
+        self.tc = config.trainer
+        self.policy = policy
+        self.store = store
+        self.base = base
+        self.version = 0
+        self.step = 0
+        self.trained: list[list[str]] = []
+        self.samples_trained = 0
+        self.offsets: dict[int, int] = {}
+
+    def resume(self) -> bool:
+        found = self.store.latest()
+        if found is None:
+            return False
+        meta, folder = found
+        state = self.store.load_state(folder)
+        self.policy.module.load_state_dict(state["model"], strict=False)
+        self.policy.optimizer.load_state_dict(state["optimizer"])
+        self.version, self.step = meta.version, meta.step
+        self.trained, self.samples_trained = meta.trained, meta.samples_trained
+        self.offsets = {int(p): o for p, o in meta.offsets.items()}
+        log.info("resumed from checkpoint", extra={"version": self.version, "offsets": self.offsets})
+        return True
+
+    def fresh(self, s: Sample) -> bool:
+        lag = self.version - s.weight_version
+        STALENESS.observe(max(lag, 0))
+        if lag > self.tc.max_staleness:
+            DROPPED.labels("stale").inc()
+            return False
+        return True
+
+    def train(self, samples: list[Sample]) -> StepStats:
+        started = time.perf_counter()
+        stats = train_step(
+            self.policy.model,
+            self.policy.optimizer,
+            samples,
+            forward=self.policy.forward,
+            eps_clip=self.tc.eps_clip,
+            eps_clip_high=self.tc.eps_clip_high,
+            w_rl=self.tc.w_rl,
+            w_opd=self.tc.w_opd,
+            entropy_coef=self.tc.entropy_coef,
+            micro_batch_tokens=self.tc.micro_batch_tokens,
+        )
+        STEP_SECONDS.observe(time.perf_counter() - started)
+        return stats
+
+    def persist(self, samples: list[Sample], offsets: dict[int, int]) -> WeightsPublished:
+        """After a step: the new version on disk, then the checkpoint that makes it the resume point."""
+        self.version += 1
+        self.step += 1
+        self.trained.append([s.sample_id for s in samples])
+        self.samples_trained += len(samples)
+        path, digest = self.store.write_version(self.version, self.policy.export(), self.base)
+        meta = CheckpointMeta(
+            version=self.version,
+            step=self.step,
+            offsets={str(p): o for p, o in offsets.items()},
+            trained=self.trained,
+            samples_trained=self.samples_trained,
+            base_model=self.base,
+        )
+        self.store.save(meta, self.policy.module.state_dict(), self.policy.optimizer.state_dict())
+        self.store.prune_versions(self.tc.keep_versions, protect=self.version)
+        self.offsets = dict(offsets)
+        return self.announcement(str(path), digest)
+
+    def announcement(self, path: str, digest: str | None = None) -> WeightsPublished:
+        return WeightsPublished(
+            version=self.version,
+            path=path,
+            base_model=self.base,
+            step=self.step,
+            created_at=time.time(),
+            samples_trained=self.samples_trained,
+            sha256=digest,
+        )
+
+
+async def run_trainer(
+    config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
+) -> None:
+    """Run until SIGTERM/SIGINT, ``stop``, or ``trainer.max_steps`` steps; a step in progress completes."""
+    import signal
+
+    from services.model_store import cache_dir
+    from services.trainer.policy import Policy
+
+    tc = config.trainer
+    if not tc.hf_checkpoint:
+        raise SystemExit("turnstream trainer: set trainer.hf_checkpoint (the policy's Hugging Face folder)")
+    serve_metrics(config.metrics.port)
+    stop = stop or asyncio.Event()
+    if install_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    root = Path(tc.output_dir) if tc.output_dir else cache_dir() / "weights"
+    store = TrainerStore(root)
+    policy = await asyncio.to_thread(Policy.from_hf, tc.hf_checkpoint, tc)
+    trainer = TrainerLoop(config, policy, store, tc.hf_checkpoint)
+    resumed = await asyncio.to_thread(trainer.resume)
+
+    kafka = config.kafka
+    topic = SAMPLES.name(kafka.namespace)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka.bootstrap,
+        client_id=f"{kafka.client_id}-trainer",
+        group_id=tc.group_id,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        **_security(kafka),
+    )
+    producer = EventProducer(kafka, client_id=f"{kafka.client_id}-trainer")
+    await producer.start()
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        start: dict[int, int] = {}
+        for tp in tps:
+            if tp.partition in trainer.offsets:
+                start[tp.partition] = trainer.offsets[tp.partition]
+            else:
+                committed = await consumer.committed(tp)
+                start[tp.partition] = (
+                    committed if committed is not None else (await consumer.beginning_offsets([tp]))[tp]
+                )
+            consumer.seek(tp, start[tp.partition])
+        pending = _Pending(start)
+        if resumed:  # re-announce: the version may never have been published before the restart
+            await producer.send(
+                WEIGHTS, trainer.announcement(str(store.versions / f"v{trainer.version}")), "policy"
+            )
+        VERSION.set(trainer.version)
+        log.info(
+            "trainer running", extra={"base": tc.hf_checkpoint, "version": trainer.version, "root": str(root)}
+        )
+        steps_this_run = 0
+        while not stop.is_set():
+            batch = await consumer.getmany(
+                timeout_ms=kafka.poll_timeout_ms, max_records=tc.rollout_batch_size * 4
+            )
+            for tp, records in batch.items():
+                for rec in records:
+                    try:
+                        sample = decode(rec.value or b"", Sample)
+                    except DecodeError as exc:
+                        DROPPED.labels("undecodable").inc()
+                        log.warning(
+                            "undecodable sample skipped", extra={"offset": rec.offset, "error": str(exc)}
+                        )
+                        pending.processed(tp.partition, rec.offset)
+                        continue
+                    if trainer.fresh(sample):
+                        pending.add(tp.partition, rec.offset, sample)
+                    else:
+                        pending.processed(tp.partition, rec.offset)
+            while len(pending.samples) >= tc.rollout_batch_size and not stop.is_set():
+                samples = pending.take(tc.rollout_batch_size)
+                offsets = pending.safe_offsets()
+                stats = await asyncio.to_thread(trainer.train, samples)
+                announcement = await asyncio.to_thread(trainer.persist, samples, offsets)
+                await producer.send(WEIGHTS, announcement, "policy")
+                await consumer.commit({TopicPartition(topic, p): o for p, o in offsets.items()})
+                _report(trainer, stats, samples)
+                steps_this_run += 1
+                if tc.max_steps and steps_this_run >= tc.max_steps:
+                    stop.set()
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> None:
+    STEPS.inc()
+    VERSION.set(trainer.version)
+    for s in samples:
+        SAMPLES_IN.labels(s.kind).inc()
+    for name in ("loss", "pg_loss", "clip_fraction", "entropy", "grad_norm"):
+        LAST.labels(name).set(getattr(stats, name))
+    log.info(
+        "step done",
+        extra={
+            "version": trainer.version,
+            "loss": round(stats.loss, 5),
+            "clip_fraction": round(stats.clip_fraction, 4),
+            "grad_norm": round(stats.grad_norm, 4),
+            "tokens": stats.tokens,
+            "reward_mean_by_kind": stats.reward_mean_by_kind,
+        },
+    )

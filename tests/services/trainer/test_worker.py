@@ -1,0 +1,137 @@
+"""The trainer loop against the real broker: batches of samples become published weight versions, a checkpoint
+records offsets and the lineage of trained samples, a restart resumes exactly there, and stale samples are
+dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import warnings
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+
+from schemas import Sample, WeightsPublished
+from schemas.topics import SAMPLES, WEIGHTS
+from services.bus import EventProducer, read_topic
+from services.config import Config, KafkaConfig, TrainerConfig
+from services.trainer.checkpoints import TrainerStore
+from services.trainer.model import ModelSpec, read_hf_weights
+from services.trainer.worker import run_trainer
+
+warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(out)
+    return out
+
+
+def make_sample(i: int, weight_version: int = 0) -> Sample:
+    n = 3 + i % 4
+    return Sample(
+        sample_id=f"s{i % 3}:{i + 1}",
+        session_id=f"s{i % 3}",
+        mode="rl",
+        kind="rl",
+        tokens=[1 + (i * 7 + k) % 500 for k in range(5 + n)],
+        response_length=n,
+        loss_mask=[1] * n,
+        rollout_logprobs=[-6.0] * n,
+        reward=1.0 if i % 2 else -1.0,
+        weight_version=weight_version,
+        created_at=time.time(),
+    )
+
+
+async def publish(kafka: KafkaConfig, samples: list[Sample]) -> None:
+    async with EventProducer(kafka) as producer:
+        for s in samples:
+            await producer.send(SAMPLES, s, s.session_id)
+
+
+def config(kafka: KafkaConfig, model: Path, out: Path, **trainer: object) -> Config:
+    tc = msgspec.convert(
+        {"hf_checkpoint": str(model), "output_dir": str(out), "rollout_batch_size": 4, "lr": 1e-3, **trainer},
+        TrainerConfig,
+    )
+    return Config(kafka=kafka, trainer=tc)
+
+
+async def run(cfg: Config, timeout: float = 120) -> None:
+    await asyncio.wait_for(run_trainer(cfg, install_signals=False), timeout)
+
+
+def lineage(out: Path) -> list[str]:
+    found = TrainerStore(out).latest()
+    assert found is not None
+    return [sid for step in found[0].trained for sid in step]
+
+
+async def test_steps_publish_versions_and_a_restart_resumes_at_the_checkpoint(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+) -> None:
+    first = [make_sample(i) for i in range(10)]
+    await publish(kafka, first)
+    out = tmp_path / "weights"
+    await run(config(kafka, tiny_llama, out, max_steps=2))
+    trained = lineage(out)
+    assert len(trained) == 8 and len(set(trained)) == 8
+    published = [r.event async for r in read_topic(kafka, WEIGHTS)]
+    assert [w.version for w in published] == [1, 2] and all(
+        isinstance(w, WeightsPublished) for w in published
+    )
+    v2 = Path(published[-1].path)
+    assert v2 == out / "versions" / "v2" and (v2 / "config.json").exists()
+    weights = read_hf_weights(v2)
+    spec = ModelSpec.from_dir(v2)
+    assert spec.num_layers == 2 and weights.keys() == read_hf_weights(tiny_llama).keys()
+    assert not torch.equal(weights["model.norm.weight"], read_hf_weights(tiny_llama)["model.norm.weight"])
+    import hashlib
+
+    assert hashlib.sha256((v2 / "model.safetensors").read_bytes()).hexdigest() == published[-1].sha256
+
+    # Two samples were consumed but not trained: the restart reads them again, with the new ones.
+    await publish(kafka, [make_sample(i) for i in range(10, 16)])
+    await run(config(kafka, tiny_llama, out, max_steps=2))
+    trained = lineage(out)
+    assert sorted(trained) == sorted(s.sample_id for s in first + [make_sample(i) for i in range(10, 16)])
+    assert len(trained) == len(set(trained)) == 16
+    versions = [r.event.version async for r in read_topic(kafka, WEIGHTS)]
+    assert versions == [1, 2, 2, 3, 4], "the restart re-announces v2, then publishes v3 and v4"
+    meta = json.loads((out / "checkpoints" / "latest.json").read_text())
+    assert meta["version"] == 4
+
+
+async def test_stale_samples_are_dropped(kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path) -> None:
+    from prometheus_client import REGISTRY
+
+    before = REGISTRY.get_sample_value("turnstream_trainer_dropped_total", {"reason": "stale"}) or 0.0
+    out = tmp_path / "weights"
+    await publish(kafka, [make_sample(i) for i in range(4)])
+    await run(config(kafka, tiny_llama, out, max_steps=1, max_staleness=0))  # now at version 1
+    await publish(kafka, [make_sample(100 + i, weight_version=0) for i in range(3)])  # 1 version behind
+    await publish(kafka, [make_sample(200 + i, weight_version=1) for i in range(4)])
+    await run(config(kafka, tiny_llama, out, max_steps=1, max_staleness=0))
+    after = REGISTRY.get_sample_value("turnstream_trainer_dropped_total", {"reason": "stale"}) or 0.0
+    assert after - before == 3
+    assert sorted(lineage(out)[4:]) == sorted(make_sample(200 + i).sample_id for i in range(4))
