@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import warnings
 from pathlib import Path
 
@@ -14,59 +13,17 @@ import msgspec
 import pytest
 import torch
 
-from schemas import Sample, WeightsPublished
-from schemas.topics import SAMPLES, WEIGHTS
-from services.bus import EventProducer, read_topic
+from schemas import WeightsPublished
+from schemas.topics import WEIGHTS
+from services.bus import read_topic
 from services.config import Config, KafkaConfig, TrainerConfig
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import ModelSpec, read_hf_weights
 from services.trainer.worker import run_trainer
+from tests.services.trainer.conftest import make_sample, publish
 
 warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(config).save_pretrained(out)
-    return out
-
-
-def make_sample(i: int, weight_version: int = 0) -> Sample:
-    n = 3 + i % 4
-    return Sample(
-        sample_id=f"s{i % 3}:{i + 1}",
-        session_id=f"s{i % 3}",
-        mode="rl",
-        kind="rl",
-        tokens=[1 + (i * 7 + k) % 500 for k in range(5 + n)],
-        response_length=n,
-        loss_mask=[1] * n,
-        rollout_logprobs=[-6.0] * n,
-        reward=1.0 if i % 2 else -1.0,
-        weight_version=weight_version,
-        created_at=time.time(),
-    )
-
-
-async def publish(kafka: KafkaConfig, samples: list[Sample]) -> None:
-    async with EventProducer(kafka) as producer:
-        for s in samples:
-            await producer.send(SAMPLES, s, s.session_id)
 
 
 def config(kafka: KafkaConfig, model: Path, out: Path, **trainer: object) -> Config:

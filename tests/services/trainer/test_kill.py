@@ -1,0 +1,84 @@
+"""`kill -9` of the trainer process during and between steps, then restarts: every sample is trained exactly
+once in the lineage of the final weights, none skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from services.config import KafkaConfig
+from services.launch import ServiceProcess, free_port
+from services.trainer.checkpoints import TrainerStore
+from tests.services.trainer.conftest import make_sample, publish
+
+pytestmark = pytest.mark.integration
+
+STEPS = 12
+KILLS = 4
+
+
+def version(out: Path) -> int:
+    found = TrainerStore(out).latest()
+    return found[0].version if found else 0
+
+
+def kill_and_restart(env: dict[str, str], out: Path, log_path: Path) -> int:
+    """Start the trainer, let it finish a step, kill -9 it at a random moment (mid-step or between steps); four
+    times; then let a last run train to the end. Returns the kills."""
+    rng = random.Random(5)
+    kills = 0
+    give_up = time.monotonic() + 400
+    with open(log_path, "w") as log:
+        while version(out) < STEPS:
+            assert time.monotonic() < give_up, f"stuck at version {version(out)}; see {log_path}"
+            port = free_port()
+            proc = ServiceProcess(
+                ["trainer"],
+                port=port,
+                ready_path="/metrics",
+                env={**env, "TURNSTREAM_METRICS_PORT": str(port)},
+                log=log,
+                startup_timeout_s=120,
+            )
+            start = version(out)
+            deadline = time.monotonic() + 120
+            if kills < KILLS:
+                while version(out) <= start and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                time.sleep(rng.uniform(0.0, 0.15))
+                proc.proc.kill()
+                proc.proc.wait()
+                kills += 1
+            else:
+                while version(out) < STEPS and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                proc.stop()
+    return kills
+
+
+async def test_kill9_during_and_between_steps_trains_each_sample_once(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+) -> None:
+    samples = [make_sample(i) for i in range(4 * STEPS)]
+    await publish(kafka, samples)
+    out = tmp_path / "weights"
+    env = {
+        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        "TURNSTREAM_TRAINER_HF_CHECKPOINT": str(tiny_llama),
+        "TURNSTREAM_TRAINER_OUTPUT_DIR": str(out),
+        "TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE": "4",
+        "TURNSTREAM_TRAINER_LR": "0.001",
+        "TURNSTREAM_TRAINER_MAX_STALENESS": "100",  # every sample was produced by version 0
+        "OMP_NUM_THREADS": "1",
+    }
+    kills = await asyncio.to_thread(kill_and_restart, env, out, tmp_path / "trainer.log")
+    found = TrainerStore(out).latest()
+    assert found is not None and kills == KILLS
+    trained = [sid for step in found[0].trained for sid in step]
+    assert sorted(trained) == sorted(s.sample_id for s in samples), "each sample once, none skipped"
+    assert len(found[0].trained) == STEPS and all(len(step) == 4 for step in found[0].trained)
