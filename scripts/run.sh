@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The main job on the embedded defaults (README, `make run`): set up, start Kafka and Redis on loopback, create
 # the topics, then run the parts of the pipeline that are built (policy engine, proxy with reloader, pairer,
-# judge with the rules backend, teacher engine and teacher worker, dispatcher in combine mode) in the foreground
-# until Ctrl-C. Parts that later issues build are listed, not faked.
-# Ports: ENGINE_PORT (30000), TEACHER_PORT (30002), PROXY_PORT (8000), metrics of pairer/judge/teacher/dispatcher
-# on 9101-9104; logs under $TURNSTREAM_CACHE/run/.
+# judge with the rules backend, teacher engine and teacher worker, dispatcher in combine mode, trainer) in the
+# foreground until Ctrl-C. Parts that later issues build are listed, not faked.
+# Ports: ENGINE_PORT (30000), TEACHER_PORT (30002), PROXY_PORT (8000), metrics of pairer/judge/teacher/dispatcher/
+# trainer on 9101-9105; logs under $TURNSTREAM_CACHE/run/.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -58,6 +58,11 @@ TURNSTREAM_METRICS_PORT=9103 .venv/bin/turnstream teacher --engine-url "http://1
 pids+=($!)
 TURNSTREAM_METRICS_PORT=9104 .venv/bin/turnstream dispatcher >"$LOGS/dispatcher.log" 2>&1 &
 pids+=($!)
+# The trainer: Megatron-core on the CPU; every rollout_batch_size (16) samples it publishes a weight version
+# under $TURNSTREAM_CACHE/weights, which the proxy's reloader loads into the policy engine.
+TURNSTREAM_METRICS_PORT=9105 TURNSTREAM_TRAINER_HF_CHECKPOINT="$model" .venv/bin/turnstream trainer \
+    >"$LOGS/trainer.log" 2>&1 &
+pids+=($!)
 wait_for 60 curl -sf "http://127.0.0.1:$PROXY_PORT/healthz" || die "the proxy did not start (log: $LOGS/proxy.log)"
 
 cat >&2 <<MSG
@@ -65,12 +70,13 @@ cat >&2 <<MSG
 turnstream is serving an OpenAI-compatible API at http://127.0.0.1:$PROXY_PORT/v1 (SmolLM2-135M on the CPU).
 Every main-line turn is recorded on Kafka topic 'turns', paired on 'turns.paired', judged on 'judgments'
 (rules judge), scored by the teacher on 'teacher' when its hint is accepted, and turned into a training sample
-on 'samples' (combine mode) when it teaches something. Try:
+on 'samples' (combine mode) when it teaches something; every 16 samples the trainer publishes a new weight
+version on 'weights' and the engine loads it while it keeps serving. Try:
 
   curl -s http://127.0.0.1:$PROXY_PORT/v1/chat/completions -H 'content-type: application/json' \\
        -H 'X-Session-Id: demo' -d '{"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 32}'
 
-Not built yet: trainer (issue 7), \`turnstream run\` (issue 8). Logs: $LOGS.
+Not built yet: \`turnstream run\`, compose and replay (issue 8). Logs: $LOGS.
 Ctrl-C stops the services.
 MSG
 wait -n "${pids[@]}"
