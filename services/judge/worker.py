@@ -6,7 +6,7 @@ every turn, and replicas of one judge share partitions) and emits one ``Judgment
 concurrent engine calls per worker. Offsets are committed after the batch's judgments are acknowledged.
 
 A vote that fails (after the backend's retries) is recorded as failed and the turn is judged from the rest. If
-*every* vote of a turn failed because the judge engine was unavailable, that is an outage, not a verdict: the
+every vote of a kind failed because the judge engine was unavailable, that is an outage, not a verdict: the
 batch is retried from its offsets (with backoff) instead of filling ``judgments`` with zeros.
 """
 
@@ -91,7 +91,7 @@ class Judge:
             )
 
     async def judge_turn(self, paired: PairedTurn) -> bool:
-        """Judge one turn and emit its judgments. False when every vote failed for lack of an engine."""
+        """Judge one turn and emit its judgments. False when all votes of a kind failed for lack of an engine."""
         if paired.next_state is None:
             SKIPPED.labels(self.judge_id, "terminal").inc()
             return True
@@ -103,8 +103,10 @@ class Judge:
         messages = {k: self.prompts.render(k, paired) for k in kinds}
         calls = [(k, self._vote(k, paired, messages[k])) for k in kinds for _ in range(self.m)]
         results = await asyncio.gather(*(c for _, c in calls))
-        if all(isinstance(r, VoteFailed) and r.transient for r in results):
-            return False
+        for kind in kinds:
+            mine = [r for (k, _), r in zip(calls, results, strict=True) if k == kind]
+            if all(isinstance(r, VoteFailed) and r.transient for r in mine):
+                return False  # nothing but outage for this kind: hold rather than emit an empty verdict
         by_kind: dict[str, list[Vote]] = {k: [] for k in kinds}
         for (kind, _), result in zip(calls, results, strict=True):
             by_kind[kind].append(self._to_vote(kind, result))
