@@ -86,7 +86,7 @@ class TrainerLoop:
             return False
         meta, folder = found
         state = self.store.load_state(folder)
-        self.policy.module.load_state_dict(state["model"], strict=False)
+        self.policy.module.load_state_dict(state["model"])
         self.policy.optimizer.load_state_dict(state["optimizer"])
         self.version, self.step = meta.version, meta.step
         self.trained, self.samples_trained = meta.trained, meta.samples_trained
