@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -27,6 +26,7 @@ from services.judge.backends import Backend, EngineBackend, RulesBackend, VoteFa
 from services.judge.prompts import PromptSet
 from services.judge.votes import majority_vote, parse_eval_vote, parse_hint_vote, select_hint
 from services.metrics import serve_metrics
+from services.recent import RecentKeys
 
 log = logging.getLogger("turnstream.judge")
 
@@ -52,8 +52,6 @@ TURN_SECONDS = Histogram(
 )
 IN_FLIGHT = Gauge("turnstream_judge_calls_in_flight", "Engine calls running now", ["judge_id"])
 
-_REMEMBERED = 100_000
-
 
 class JudgeUnavailable(RuntimeError):
     pass
@@ -78,7 +76,7 @@ class Judge:
         self.m = m
         self.kinds = ("eval", "hint") if eval_mode else ("hint",)
         self._slots = asyncio.Semaphore(max_concurrency)
-        self._emitted: OrderedDict[str, None] = OrderedDict()
+        self._emitted = RecentKeys()
         """Judgment keys this process already emitted: a retried batch does not judge those turns again."""
 
     async def handle(self, batch: list[Record[PairedTurn]]) -> None:
@@ -113,7 +111,7 @@ class Judge:
         for kind in kinds:
             judgment = self._judgment(kind, paired, by_kind[kind])
             await self.producer.send(JUDGMENTS, judgment, paired.turn.session_id)
-            self._remember(judgment.key)
+            self._emitted.add(judgment.key)
         TURNS.labels(self.judge_id).inc()
         TURN_SECONDS.labels(self.judge_id).observe(time.perf_counter() - started)
         return True
@@ -171,11 +169,6 @@ class Judge:
 
     def _key(self, paired: PairedTurn, kind: str) -> str:
         return f"{paired.turn_id}/{self.judge_id}/{kind}"
-
-    def _remember(self, key: str) -> None:
-        self._emitted[key] = None
-        if len(self._emitted) > _REMEMBERED:
-            self._emitted.popitem(last=False)
 
 
 def make_backend(config: Config) -> Backend:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from services.chat_template import TemplateError, render_prompt_ids
 from services.config import Config
 from services.engine_client import DeadlineExceeded, EngineClient, EngineError, ScoreResult, until_deadline
 from services.metrics import serve_metrics
+from services.recent import RecentKeys
 from services.teacher.enhance import as_request_messages, enhanced_messages
 
 log = logging.getLogger("turnstream.teacher")
@@ -41,8 +41,6 @@ SCORE_SECONDS = Histogram(
     "One teacher scoring call, retries included",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
-
-_REMEMBERED = 100_000
 
 
 class TeacherUnavailable(RuntimeError):
@@ -72,7 +70,7 @@ class Teacher:
         self.judge_ids = set(judge_ids or ())
         self.deadline_s = deadline_s
         self._slots = asyncio.Semaphore(max_concurrency)
-        self._emitted: OrderedDict[str, None] = OrderedDict()
+        self._emitted = RecentKeys()
 
     async def handle(self, batch: list[Record[Judgment]]) -> None:
         outcomes = await asyncio.gather(*(self.score_record(r) for r in batch))
@@ -140,9 +138,7 @@ class Teacher:
             created_at=time.time(),
         )
         await self.producer.send(TEACHER, scores, j.session_id)
-        self._emitted[j.key] = None
-        if len(self._emitted) > _REMEMBERED:
-            self._emitted.popitem(last=False)
+        self._emitted.add(j.key)
         SCORED.inc()
         TOKENS.inc(len(turn.response_token_ids))
         return True
