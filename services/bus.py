@@ -408,6 +408,17 @@ async def serve(
             watcher.cancel()
 
 
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    """Every partition of ``topic``, asking the broker when the consumer's metadata does not know it yet."""
+    partitions = consumer.partitions_for_topic(topic)
+    if not partitions:
+        await consumer._client.force_metadata_update()
+        partitions = consumer.partitions_for_topic(topic)
+    if not partitions:
+        raise KeyError(f"topic {topic!r} does not exist")
+    return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+
 async def read_topic(
     kafka: KafkaConfig,
     spec: TopicSpec,
@@ -432,13 +443,7 @@ async def read_topic(
     )
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions is None:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            raise KeyError(f"topic {topic!r} does not exist")
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = await topic_partitions(consumer, topic)
         consumer.assign(tps)
         end = await consumer.end_offsets(tps)
         # Explicit seeks (not seek_to_beginning, whose reset races the first position() call).

@@ -20,7 +20,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import DecodeError, Sample, WeightsPublished, decode
 from schemas.topics import MAX_MESSAGE_BYTES, SAMPLES, WEIGHTS
-from services.bus import EventProducer, _security
+from services.bus import EventProducer, _security, topic_partitions
 from services.config import Config
 from services.metrics import serve_metrics
 from services.trainer.checkpoints import CheckpointMeta, TrainerStore
@@ -191,11 +191,7 @@ async def run_trainer(
     await producer.start()
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = await topic_partitions(consumer, topic)
         consumer.assign(tps)
         start: dict[int, int] = {}
         for tp in tps:
