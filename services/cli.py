@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     disp = sub.add_parser("dispatcher", help="joins judgments and teacher scores into samples (-> samples)")
     disp.add_argument("--mode", choices=["rl", "opd", "combine"], help="default: dispatcher.mode")
     disp.add_argument(
-        "--judge-ids", help="comma-separated judge ids to wait for (default: dispatcher.judge_ids)"
+        "--judge-ids",
+        type=lambda v: [j.strip() for j in v.split(",")],
+        help="comma-separated judge ids to wait for (default: dispatcher.judge_ids)",
     )
 
     trainer = sub.add_parser("trainer", help="trains the policy on samples and publishes weight versions")
@@ -166,6 +168,29 @@ def _override(config: Config, section: str, values: dict[str, object]) -> Config
     return msgspec.structs.replace(config, **{section: updated})
 
 
+# Consuming services: where their main loop lives, and which flags override which fields of their config section.
+_WORKERS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "pairer": ("services.proxy.pairer", "run_pairer", "pairer", ()),
+    "judge": ("services.judge.worker", "run_judge", "judge", ("judge_id", "backend", "m", "engine_url")),
+    "teacher": ("services.teacher.worker", "run_teacher", "teacher", ("engine_url", "top_k")),
+    "dispatcher": ("services.dispatcher.worker", "run_dispatcher", "dispatcher", ("mode", "judge_ids")),
+    "trainer": ("services.trainer.worker", "run_trainer", "trainer", ("hf_checkpoint", "max_steps")),
+}
+
+
+def _worker(config: Config, args: argparse.Namespace) -> int:
+    import importlib
+
+    module, function, section, flags = _WORKERS[args.command]
+    try:
+        config = _override(config, section, {f: getattr(args, f) for f in flags})
+    except ConfigError as exc:
+        print(f"turnstream {args.command}: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(getattr(importlib.import_module(module), function)(config))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -189,60 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _engine(args)
     if args.command == "proxy":
         return _proxy(config, args)
-    if args.command == "pairer":
-        from services.proxy.pairer import run_pairer
-
-        asyncio.run(run_pairer(config))
-        return 0
-    if args.command == "judge":
-        from services.judge.worker import run_judge
-
-        overrides = {
-            "judge_id": args.judge_id,
-            "backend": args.backend,
-            "m": args.m,
-            "engine_url": args.engine_url,
-        }
-        try:
-            config = _override(config, "judge", overrides)
-        except ConfigError as exc:
-            print(f"turnstream judge: {exc}", file=sys.stderr)
-            return 2
-        asyncio.run(run_judge(config))
-        return 0
-    if args.command == "teacher":
-        from services.teacher.worker import run_teacher
-
-        try:
-            config = _override(config, "teacher", {"engine_url": args.engine_url, "top_k": args.top_k})
-        except ConfigError as exc:
-            print(f"turnstream teacher: {exc}", file=sys.stderr)
-            return 2
-        asyncio.run(run_teacher(config))
-        return 0
-    if args.command == "dispatcher":
-        from services.dispatcher.worker import run_dispatcher
-
-        judge_ids = [j.strip() for j in args.judge_ids.split(",")] if args.judge_ids else None
-        try:
-            config = _override(config, "dispatcher", {"mode": args.mode, "judge_ids": judge_ids})
-        except ConfigError as exc:
-            print(f"turnstream dispatcher: {exc}", file=sys.stderr)
-            return 2
-        asyncio.run(run_dispatcher(config))
-        return 0
-    if args.command == "trainer":
-        from services.trainer.worker import run_trainer
-
-        try:
-            config = _override(
-                config, "trainer", {"hf_checkpoint": args.hf_checkpoint, "max_steps": args.max_steps}
-            )
-        except ConfigError as exc:
-            print(f"turnstream trainer: {exc}", file=sys.stderr)
-            return 2
-        asyncio.run(run_trainer(config))
-        return 0
+    if args.command in _WORKERS:
+        return _worker(config, args)
     if args.command == "config":
         print(msgspec.json.format(msgspec.json.encode(config).decode()))
         return 0
