@@ -11,6 +11,8 @@ import argparse
 import asyncio
 import json
 
+from stub_http import reply, serve
+
 PROMPT_IDS = list(range(1000, 1030))
 
 
@@ -80,50 +82,21 @@ def build(tokens: int) -> tuple[bytes, list[bytes]]:
 
 async def main(port: int, latency_s: float, tokens: int) -> None:
     full, chunks = build(tokens)
+    info = reply(200, b'{"weight_version": "0"}')
+    complete = reply(200, full)
+    streamed = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks)
+        + b"0\r\n\r\n"
+    )
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                _method, path, _ = lines[0].split(" ", 2)
-                headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
-                body = await reader.readexactly(int(headers.get("content-length", "0")))
-                if path == "/health" or path == "/get_model_info":
-                    payload = b'{"weight_version": "0"}'
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-                        + str(len(payload)).encode()
-                        + b"\r\n\r\n"
-                        + payload
-                    )
-                    await writer.drain()
-                    continue
-                await asyncio.sleep(latency_s)
-                if b'"stream":true' in body.replace(b" ", b""):
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                        b"transfer-encoding: chunked\r\n\r\n"
-                    )
-                    for c in chunks:
-                        writer.write(f"{len(c):x}\r\n".encode() + c + b"\r\n")
-                    writer.write(b"0\r\n\r\n")
-                else:
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-                        + str(len(full)).encode()
-                        + b"\r\n\r\n"
-                        + full
-                    )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def respond(path: str, body: bytes) -> bytes:
+        if path in ("/health", "/get_model_info"):
+            return info
+        await asyncio.sleep(latency_s)
+        return streamed if b'"stream":true' in body.replace(b" ", b"") else complete
 
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
-    async with server:
-        await server.serve_forever()
+    await serve(port, respond)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import asyncio
 import json
 import re
 
+from stub_http import reply, serve
+
 _STATE = re.compile(r"## Next state \(role: [^)]*\)\n(.*?)\n\n(Did|Does) ", re.S)
 
 
@@ -38,60 +40,34 @@ def verdict(body: dict) -> str:
     )
 
 
-def reply(status: int, payload: bytes) -> bytes:
-    reason = {200: b"OK", 400: b"Bad Request"}.get(status, b"Internal Server Error")
-    return (
-        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-        % (status, reason, len(payload))
-        + payload
-    )
-
-
 async def main(port: int, latency_s: float, fail_every: int, fail_status: int) -> None:
     calls = 0
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def respond(path: str, body: bytes) -> bytes:
         nonlocal calls
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                _method, path, _ = lines[0].split(" ", 2)
-                headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
-                raw = await reader.readexactly(int(headers.get("content-length", "0")))
-                if path in ("/health", "/get_model_info"):
-                    writer.write(reply(200, b'{"model_path": "stub-judge", "weight_version": "0"}'))
-                elif path == "/v1/models":
-                    writer.write(reply(200, b'{"object": "list", "data": [{"id": "stub-judge"}]}'))
-                else:
-                    calls += 1
-                    await asyncio.sleep(latency_s)
-                    if fail_every and calls % fail_every == 0:
-                        writer.write(reply(fail_status, b'{"error": {"message": "stub failure"}}'))
-                    else:
-                        text = verdict(json.loads(raw))
-                        out = {
-                            "id": f"chatcmpl-{calls}",
-                            "object": "chat.completion",
-                            "model": "stub-judge",
-                            "choices": [
-                                {
-                                    "index": 0,
-                                    "message": {"role": "assistant", "content": text},
-                                    "finish_reason": "stop",
-                                }
-                            ],
-                        }
-                        writer.write(reply(200, json.dumps(out).encode()))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+        if path in ("/health", "/get_model_info"):
+            return reply(200, b'{"model_path": "stub-judge", "weight_version": "0"}')
+        if path == "/v1/models":
+            return reply(200, b'{"object": "list", "data": [{"id": "stub-judge"}]}')
+        calls += 1
+        await asyncio.sleep(latency_s)
+        if fail_every and calls % fail_every == 0:
+            return reply(fail_status, b'{"error": {"message": "stub failure"}}')
+        out = {
+            "id": f"chatcmpl-{calls}",
+            "object": "chat.completion",
+            "model": "stub-judge",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": verdict(json.loads(body))},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+        return reply(200, json.dumps(out).encode())
 
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
-    async with server:
-        await server.serve_forever()
+    await serve(port, respond)
 
 
 if __name__ == "__main__":
