@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,10 +8,10 @@ import pytest
 
 from schemas import PairedTurn, Turn
 from schemas.topics import TURNS, TURNS_PAIRED
-from services.bus import read_topic
 from services.config import Config, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
 from services.launch import ServiceProcess, free_port
+from tests.kafka_wait import wait_for_events
 
 
 class ProxyProcess(ServiceProcess):
@@ -61,12 +60,7 @@ def proxy(proxy_env: dict[str, str]) -> Iterator[ProxyProcess]:
 
 async def wait_for_turns(kafka: KafkaConfig, count: int, timeout: float = 60.0) -> list[Turn]:
     """All turns of the namespace, once at least ``count`` are there."""
-    deadline = time.monotonic() + timeout
-    while True:
-        turns = [r.event async for r in read_topic(kafka, TURNS)]
-        if len(turns) >= count or time.monotonic() > deadline:
-            return turns
-        await asyncio.sleep(0.3)
+    return await wait_for_events(kafka, TURNS, lambda turns: len(turns) >= count, timeout)
 
 
 async def pair_all(config: Config, expect: int, timeout: float = 60.0) -> list[PairedTurn]:
@@ -75,13 +69,10 @@ async def pair_all(config: Config, expect: int, timeout: float = 60.0) -> list[P
 
     stop = asyncio.Event()
     task = asyncio.create_task(run_pairer(config, install_signals=False, stop=stop))
-    deadline = time.monotonic() + timeout
     try:
-        while True:
-            paired = [r.event async for r in read_topic(config.kafka, TURNS_PAIRED)]
-            if len(paired) >= expect or time.monotonic() > deadline:
-                return paired
-            await asyncio.sleep(0.3)
+        return await wait_for_events(
+            config.kafka, TURNS_PAIRED, lambda paired: len(paired) >= expect, timeout
+        )
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)

@@ -20,6 +20,7 @@ from services.config import Config, KafkaConfig, TeacherConfig
 from services.engine.launch import EngineProcess
 from services.engine_client import EngineClient
 from services.teacher.worker import run_teacher
+from tests.kafka_wait import wait_for_events
 
 pytestmark = pytest.mark.integration
 
@@ -90,13 +91,10 @@ def hf_logprobs(hf_model: Any, messages: list[dict[str, Any]], response_ids: lis
 async def run_until_scores(config: Config, expect: int, timeout: float = 120) -> list[TeacherScores]:
     stop = asyncio.Event()
     task = asyncio.create_task(run_teacher(config, install_signals=False, stop=stop))
-    deadline = time.monotonic() + timeout
     try:
-        while True:
-            found = [r.event async for r in read_topic(config.kafka, TEACHER)]
-            if len(found) >= expect or time.monotonic() > deadline or task.done():
-                return found
-            await asyncio.sleep(0.3)
+        return await wait_for_events(
+            config.kafka, TEACHER, lambda found: len(found) >= expect or task.done(), timeout
+        )
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
