@@ -8,6 +8,7 @@ here is ``[B, S - 1]`` and indexed by the position of the token it scores.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -33,7 +34,8 @@ class StepStats(msgspec.Struct):
     """False when the optimizer skipped the update (non-finite gradients)."""
 
 
-class Collated(msgspec.Struct):
+@dataclass(frozen=True)
+class Collated:
     tokens: Tensor
     attention_mask: Tensor
     loss_mask: Tensor
