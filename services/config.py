@@ -190,6 +190,16 @@ class TrainerConfig(_Section):
     """Published weight folders kept on disk (older ones are deleted; the engine has loaded them by then)."""
     micro_batch_tokens: PositiveInt = 8192
     """Forward/backward passes hold at most this many (padded) tokens; gradients accumulate across them."""
+    reference_checkpoint: str = ""
+    """Hugging Face folder of the frozen reference for the KL term (default: the starting policy). Loaded only
+    when ``kl_coef`` > 0."""
+    topk_coef: NonNegFloat = 0.0
+    """Weight of the top-K distillation loss (samples carrying the teacher's top-K; see ``teacher.top_k``)."""
+    tensor_parallel: PositiveInt = 1
+    pipeline_parallel: PositiveInt = 1
+    """Model-parallel sizes; data parallelism is the rest of torchrun's world size."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """``auto``: bf16 on GPUs, fp32 on the CPU."""
 
 
 class MetricsConfig(_Section):

@@ -2,8 +2,9 @@
 
 ``<root>/versions/v<N>/``: Hugging Face safetensors plus the base model's config and tokenizer files, written to a
 temporary folder and renamed into place, so an engine never sees half a version. ``<root>/checkpoints/``: model
-and optimizer state, the ``samples`` offsets the step consumed up to, and the ids of the samples each version was
-trained on; ``latest.json`` names the newest and is replaced atomically after the checkpoint is complete.
+and optimizer state (one file per rank of the parallel layout), the ``samples`` offsets the step consumed up to,
+and the ids of the samples each version was trained on; ``latest.json`` names the newest and is replaced
+atomically after the checkpoint is complete. With several ranks, ``<root>`` must be one shared filesystem.
 """
 
 from __future__ import annotations
@@ -92,17 +93,32 @@ class TrainerStore:
             if version != protect:
                 shutil.rmtree(path, ignore_errors=True)
 
-    def save(self, meta: CheckpointMeta, model_state: dict[str, Any], optimizer_state: Any) -> None:
-        """The checkpoint of ``meta.version``; ``latest.json`` moves to it only once it is complete on disk."""
-        tmp = self.checkpoints / f".ckpt-v{meta.version}.tmp"
-        final = self.checkpoints / f"ckpt-v{meta.version}"
+    def staged(self, version: int) -> Path:
+        return self.checkpoints / f".ckpt-v{version}.tmp"
+
+    def stage(self, version: int) -> Path:
+        """The temporary folder that the checkpoint of ``version`` is written into (created empty)."""
+        tmp = self.staged(version)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        torch.save({"model": model_state, "optimizer": optimizer_state}, tmp / "state.pt")
+        return tmp
+
+    @staticmethod
+    def write_state(tmp: Path, rank: int, model_state: dict[str, Any], optimizer_state: Any) -> None:
+        """One rank's model and optimizer state (each rank of a parallel layout writes its own file)."""
+        path = tmp / f"state-rank{rank}.pt"
+        torch.save({"model": model_state, "optimizer": optimizer_state}, path)
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+
+    def commit(self, meta: CheckpointMeta, tmp: Path) -> None:
+        """Make the staged checkpoint (every rank's state written) the resume point: ``latest.json`` moves to it
+        only once it is complete on disk; older checkpoints are removed."""
+        final = self.checkpoints / f"ckpt-v{meta.version}"
         (tmp / "meta.json").write_bytes(msgspec.json.encode(meta))
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+        with open(tmp / "meta.json", "rb") as fh:
+            os.fsync(fh.fileno())
+        _fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         pointer = self.checkpoints / ".latest.json.tmp"
@@ -115,6 +131,12 @@ class TrainerStore:
             if old.name != final.name:
                 shutil.rmtree(old, ignore_errors=True)
 
+    def save(self, meta: CheckpointMeta, model_state: dict[str, Any], optimizer_state: Any) -> None:
+        """A single-process checkpoint: stage, write rank 0's state, commit."""
+        tmp = self.stage(meta.version)
+        self.write_state(tmp, 0, model_state, optimizer_state)
+        self.commit(meta, tmp)
+
     def latest(self) -> tuple[CheckpointMeta, Path] | None:
         pointer = self.checkpoints / "latest.json"
         if not pointer.exists():
@@ -123,5 +145,12 @@ class TrainerStore:
         return msgspec.json.decode((folder / "meta.json").read_bytes(), type=CheckpointMeta), folder
 
     @staticmethod
-    def load_state(folder: Path) -> dict[str, Any]:
-        return torch.load(folder / "state.pt", weights_only=False)  # our own file, written by save()
+    def load_state(folder: Path, rank: int = 0) -> dict[str, Any]:
+        path = folder / f"state-rank{rank}.pt"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} is missing: was this checkpoint written with another parallel layout?"
+            )
+        return torch.load(
+            path, weights_only=False, map_location="cpu"
+        )  # our own file, written by write_state()

@@ -5,8 +5,10 @@ unconditionally, redirected to the CPU. Applied only when CUDA is absent, and id
 - The default causal mask is allocated with ``device="cuda"``: allocated on the CPU.
 - The model-parallel RNG tracker keeps CUDA generator states: it keeps CPU generator states instead.
 - Gradient clipping asserts that gradients are CUDA tensors: the same clip without the assertion.
-- Optimizer code allocates with ``device="cuda"``: ``cpu_allocations()`` (a torch function mode, entered only
-  around optimizer construction and steps, so the model's own compute pays nothing) rewrites those to the CPU.
+- Optimizer and pipeline-schedule code allocates with ``device="cuda"`` (and moves the shared embedding of a
+  pipelined model with ``.cuda()``): ``cpu_allocations()``, a torch function mode entered only around model
+  construction, the schedule and optimizer steps, keeps those on the CPU.
+- Pipeline point-to-point communication calls ``torch.cuda.synchronize()``: a no-op (gloo is synchronous).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class _CudaToCpu(TorchFunctionMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
         device = kwargs.get("device")
         if device is not None and str(device).startswith("cuda"):
             kwargs = {**kwargs, "device": "cpu"}
@@ -58,6 +62,7 @@ def apply_cpu_shim() -> bool:
     import megatron.core.transformer.utils as transformer_utils
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     transformer_utils.get_default_causal_mask = _cpu_causal_mask
     if hasattr(fused_softmax, "get_default_causal_mask"):
         fused_softmax.get_default_causal_mask = _cpu_causal_mask

@@ -10,14 +10,16 @@ its key head, then its value head; ``linear_fc1`` holds the gate projection abov
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from services.trainer.parallel import ParallelLayout
 
 FAMILIES = {"llama": ("LlamaForCausalLM",), "qwen3": ("Qwen3ForCausalLM",)}
 
@@ -75,35 +77,54 @@ class ModelSpec(msgspec.Struct, frozen=True):
         return cls.from_hf(json.loads((Path(path) / "config.json").read_text()))
 
 
-def init_single_process(seed: int = 1234) -> None:
-    """World size 1 (gloo), tensor and pipeline parallel size 1, and the model-parallel RNG: enough for a
-    GPTModel on one CPU process. torchrun sets up the multi-GPU case instead."""
+def init_parallel(layout: ParallelLayout | None = None, seed: int = 1234) -> ParallelLayout:
+    """The process group (NCCL on GPUs, gloo on the CPU), Megatron's TP/PP groups and the model-parallel RNG.
+    Idempotent. Without a layout: world size 1, enough for a GPTModel in one CPU process."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mrandom
 
     from services.trainer.cpu_shim import apply_cpu_shim
+    from services.trainer.parallel import ParallelLayout
 
-    apply_cpu_shim()
+    layout = layout or ParallelLayout()
+    cpu = apply_cpu_shim()
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            from services.launch import free_port
-
-            os.environ["MASTER_PORT"] = str(free_port())
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        if not cpu:
+            torch.cuda.set_device(layout.local_rank)
+        backend = "gloo" if cpu else "nccl"
+        if layout.distributed:  # torchrun's rendezvous (MASTER_ADDR, MASTER_PORT)
+            dist.init_process_group(backend, rank=layout.rank, world_size=layout.world_size)
+        else:  # one process: an in-memory store, no port to pick or race for
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-    tracker = mrandom.get_cuda_rng_tracker()
-    if mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME not in tracker.get_states():
-        tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed)
+        parallel_state.initialize_model_parallel(layout.tp, layout.pp)
+    if cpu:
+        tracker = mrandom.get_cuda_rng_tracker()
+        if mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME not in tracker.get_states():
+            tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed)
+    else:
+        mrandom.model_parallel_cuda_manual_seed(seed)
+    return layout
 
 
-def build_model(spec: ModelSpec, dtype: torch.dtype = torch.float32) -> Any:
+def init_single_process(seed: int = 1234) -> None:
+    init_parallel(None, seed)
+
+
+def build_model(
+    spec: ModelSpec, dtype: torch.dtype = torch.float32, layout: ParallelLayout | None = None
+) -> Any:
+    """This rank's part of the GPTModel: its pipeline stage's layers, its tensor-parallel slices. Logits are
+    gathered over the vocab (``parallel_output=False``), so the loss code is the same for every layout."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from services.trainer.cpu_shim import cpu_allocations
+    from services.trainer.parallel import ParallelLayout, padded_vocab
+
+    layout = layout or ParallelLayout()
     config = TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -129,17 +150,24 @@ def build_model(spec: ModelSpec, dtype: torch.dtype = torch.float32) -> Any:
         use_cpu_initialization=True,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        pipeline_dtype=dtype,
     )
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.family == "qwen3", normalization="RMSNorm")
-    return GPTModel(
-        config,
-        layer_spec,
-        vocab_size=spec.vocab_size,
-        max_sequence_length=spec.max_position,
-        share_embeddings_and_output_weights=spec.tie_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(spec.rope_theta),
-    )
+    with cpu_allocations():  # tied embeddings under PP: Megatron moves the shared copy with .cuda()
+        return GPTModel(
+            config,
+            layer_spec,
+            vocab_size=padded_vocab(spec.vocab_size, layout.tp),
+            max_sequence_length=spec.max_position,
+            pre_process=layout.first_stage,
+            post_process=layout.last_stage,
+            parallel_output=False,
+            share_embeddings_and_output_weights=spec.tie_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(spec.rope_theta),
+        )
 
 
 def hf_to_megatron(spec: ModelSpec, hf: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -207,10 +235,15 @@ def read_hf_weights(path: str | Path) -> dict[str, Tensor]:
     return tensors
 
 
-def load_hf_into(model: Any, spec: ModelSpec, hf: dict[str, Tensor]) -> None:
-    """Copy Hugging Face weights into the model; every parameter must be covered, nothing left over."""
+def load_hf_into(
+    model: Any, spec: ModelSpec, hf: dict[str, Tensor], layout: ParallelLayout | None = None
+) -> None:
+    """Copy this rank's part of the Hugging Face weights into the model; every parameter must be covered,
+    nothing left over."""
+    from services.trainer.parallel import ParallelLayout, shard
+
     try:
-        mapped = hf_to_megatron(spec, hf)
+        mapped = shard(hf_to_megatron(spec, hf), spec, layout or ParallelLayout())
     except KeyError as exc:
         raise ValueError(f"weight mapping mismatch: the Hugging Face weights lack {exc}") from None
     state = model.state_dict()
@@ -226,10 +259,14 @@ def load_hf_into(model: Any, spec: ModelSpec, hf: dict[str, Tensor]) -> None:
             state[name].copy_(tensor)
 
 
+def local_state(model: Any) -> dict[str, Tensor]:
+    """This rank's parameters (no Megatron extra state), on the CPU."""
+    return {k: v.detach().cpu() for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
+
+
 def export_hf(model: Any, spec: ModelSpec) -> dict[str, Tensor]:
-    return megatron_to_hf(
-        spec, {k: v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
-    )
+    """Hugging Face tensors of a single-process model (``policy.Policy.export`` gathers the parallel case)."""
+    return megatron_to_hf(spec, local_state(model))
 
 
 def causal_padding_mask(attention_mask: Tensor) -> Tensor:
@@ -240,10 +277,16 @@ def causal_padding_mask(attention_mask: Tensor) -> Tensor:
     return causal[None, None] | pad
 
 
-def forward_logits(model: Any, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-    """``[B, S]`` ids (right-padded) -> ``[B, S, V]`` logits."""
+def forward_logits(
+    model: Any, input_ids: Tensor, attention_mask: Tensor | None = None, vocab_size: int | None = None
+) -> Tensor:
+    """``[B, S]`` ids (right-padded) -> ``[B, S, V]`` logits, cut to ``vocab_size`` where the vocab was padded
+    for tensor parallelism. On a pipeline stage other than the last: that stage's ``[S, B, H]`` hidden states."""
     b, s = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
-    return model(input_ids, position_ids, causal_padding_mask(attention_mask))
+    out = model(input_ids, position_ids, causal_padding_mask(attention_mask))
+    if vocab_size is not None and out.shape[:2] == (b, s) and out.shape[-1] > vocab_size:
+        out = out[..., :vocab_size]
+    return out

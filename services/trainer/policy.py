@@ -1,5 +1,9 @@
-"""The trainable policy: a Megatron-core GPTModel loaded from Hugging Face weights, wrapped in Megatron's
-DistributedDataParallel with Megatron's optimizer (Adam, constant learning rate, gradient clipping)."""
+"""The trainable policy on this rank: its part of a Megatron-core GPTModel loaded from Hugging Face weights,
+wrapped in Megatron's DistributedDataParallel with Megatron's optimizer (Adam, constant learning rate, gradient
+clipping), plus the frozen reference model when the KL term is on.
+
+One process (the CPU, or one GPU) is the special case of the torchrun layout: world size 1, TP = PP = DP = 1.
+"""
 
 from __future__ import annotations
 
@@ -8,36 +12,75 @@ from typing import Any
 
 import torch
 
+from schemas import Sample
 from services.config import TrainerConfig
 from services.trainer.cpu_shim import cpu_allocations
 from services.trainer.model import (
     ModelSpec,
     build_model,
-    export_hf,
     forward_logits,
-    init_single_process,
+    init_parallel,
     load_hf_into,
+    local_state,
+    megatron_to_hf,
     read_hf_weights,
 )
+from services.trainer.parallel import ParallelLayout, dtype_for, unshard
+from services.trainer.step import StepStats, train_step
+
+
+def _load(spec: ModelSpec, path: str | Path, dtype: torch.dtype, layout: ParallelLayout) -> Any:
+    module = build_model(spec, dtype, layout)
+    load_hf_into(module, spec, read_hf_weights(path), layout)
+    if torch.cuda.is_available():
+        module.cuda(torch.cuda.current_device())
+    return module
 
 
 class Policy:
-    def __init__(self, spec: ModelSpec, module: Any, ddp: Any, optimizer: Any, config: TrainerConfig) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        module: Any,
+        ddp: Any,
+        optimizer: Any,
+        config: TrainerConfig,
+        layout: ParallelLayout,
+        reference: Any = None,
+    ) -> None:
         self.spec = spec
         self.module = module
         self.model = ddp
         self.optimizer = optimizer
         self.config = config
+        self.layout = layout
+        self.reference = reference
+        self.settings = config
 
     @classmethod
-    def from_hf(cls, path: str | Path, config: TrainerConfig, dtype: torch.dtype = torch.float32) -> Policy:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    def from_hf(cls, path: str | Path, config: TrainerConfig, layout: ParallelLayout | None = None) -> Policy:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        init_single_process()
+        layout = init_parallel(
+            layout or ParallelLayout(tp=config.tensor_parallel, pp=config.pipeline_parallel)
+        )
         spec = ModelSpec.from_dir(path)
-        module = build_model(spec, dtype)
-        load_hf_into(module, spec, read_hf_weights(path))
+        layout.validate(spec, config.rollout_batch_size)
+        dtype = dtype_for(config.precision)
+        module = _load(spec, path, dtype, layout)
+        reference = None
+        if config.kl_coef > 0:
+            ref_path = config.reference_checkpoint or path
+            if ModelSpec.from_dir(ref_path) != spec:
+                raise ValueError(f"reference model {ref_path} has a different architecture than the policy")
+            reference = _load(spec, ref_path, dtype, layout).eval()
+            reference.requires_grad_(False)
+        module.config.finalize_model_grads_func = finalize_model_grads
         ddp = DistributedDataParallel(
             module.config,
             DistributedDataParallelConfig(
@@ -58,11 +101,45 @@ class Policy:
         )
         with cpu_allocations():
             optimizer = get_megatron_optimizer(opt_config, [ddp])
-        return cls(spec, module, ddp, optimizer, config)
+        return cls(spec, module, ddp, optimizer, config, layout, reference)
 
-    @staticmethod
-    def forward(model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return forward_logits(model, tokens, attention_mask)
+    def forward(self, model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return forward_logits(model, tokens, attention_mask, self.spec.vocab_size)
+
+    def train(self, samples: list[Sample]) -> StepStats:
+        """One step; a collective: every rank of the layout calls it with the same batch."""
+        return train_step(
+            self.model,
+            self.optimizer,
+            samples,
+            forward=self.forward,
+            settings=self.settings,
+            micro_batch_tokens=self.config.micro_batch_tokens,
+            reference=self.reference,
+            layout=self.layout,
+        )
 
     def export(self) -> dict[str, torch.Tensor]:
-        return export_hf(self.module, self.spec)
+        """The whole model as Hugging Face tensors, on rank 0 (a collective; other ranks get ``{}``): each
+        model-parallel part of data-parallel replica 0 is gathered and the split undone."""
+        local = local_state(self.module)
+        lay = self.layout
+        if not lay.distributed:
+            return megatron_to_hf(self.spec, local)
+        import torch.distributed as dist
+
+        mine = ((lay.pp_rank, lay.tp_rank), local) if lay.dp_rank == 0 else (None, None)
+        gathered: list[Any] | None = [None] * lay.world_size if lay.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if gathered is None:
+            return {}
+        parts = {key: part for key, part in gathered if key is not None}
+        return megatron_to_hf(self.spec, unshard(parts, self.spec, lay.tp, lay.pp))
+
+    def state(self) -> tuple[dict[str, Any], Any]:
+        """This rank's model and optimizer state, for its checkpoint file."""
+        return self.module.state_dict(), self.optimizer.state_dict()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,5 +1,10 @@
 """One training step on a batch of samples: padded ``[B, S]`` micro-batches under a token budget, the PPO loss of
-``loss.py`` on the response tokens, gradients accumulated, one Megatron optimizer step.
+``loss.py`` on the response tokens (plus the reference KL and top-K distillation terms when configured), gradients
+accumulated by Megatron's forward-backward schedule, one Megatron optimizer step.
+
+The same code runs for every parallel layout: each data-parallel rank trains its share of the batch, pipeline
+stages exchange activations through the schedule (whose micro-batches then all have one fixed shape, padded with
+empty rows), and the logits are gathered over the vocab so the loss sees whole distributions.
 
 Log-prob alignment: the log-prob of token t comes from the logits at position t - 1, so every per-token tensor
 here is ``[B, S - 1]`` and indexed by the position of the token it scores.
@@ -8,7 +13,8 @@ here is ``[B, S - 1]`` and indexed by the position of the token it scores.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import msgspec
@@ -16,7 +22,11 @@ import torch
 from torch import Tensor
 
 from schemas import Sample
-from services.trainer.loss import batch_mean, entropy_from_logits, ppo_clip_loss, sample_advantages
+from services.config import TrainerConfig
+from services.trainer.loss import low_var_kl, ppo_clip_loss, sample_advantages, topk_distillation_loss
+from services.trainer.parallel import ParallelLayout
+
+Forward = Callable[[Any, Tensor, Tensor], Tensor]
 
 
 class StepStats(msgspec.Struct):
@@ -30,6 +40,11 @@ class StepStats(msgspec.Struct):
     """Response tokens trained on."""
     micro_batches: int
     reward_mean_by_kind: dict[str, float]
+    kl_rollout: float = 0.0
+    """k3 KL(new || rollout policy) before the update: how far the trained policy has drifted from the sampler."""
+    kl: float | None = None
+    """k3 KL(new || reference), when a reference model is configured."""
+    topk_loss: float | None = None
     applied: bool = True
     """False when the optimizer skipped the update (non-finite gradients)."""
 
@@ -41,29 +56,64 @@ class Collated:
     loss_mask: Tensor
     old_logprobs: Tensor
     advantages: Tensor
+    rows: Tensor
+    """``[B]``: 1 for a sample, 0 for an empty row that only pads a pipeline micro-batch to its fixed shape."""
+    topk_ids: Tensor | None = None
+    """``[B, S - 1, K]`` the teacher's top-K token ids at each response position (K: the smallest in the batch)."""
+    topk_logprobs: Tensor | None = None
+    topk_mask: Tensor | None = None
+
+    def to(self, device: torch.device) -> Collated:
+        return Collated(**{f.name: _move(getattr(self, f.name), device) for f in fields(self)})
 
 
-def collate(samples: list[Sample], w_rl: float = 1.0, w_opd: float = 1.0) -> Collated:
-    """Right-padded tensors of a list of samples, per-token tensors aligned to the token they score."""
-    width = max(len(s.tokens) for s in samples)
-    b = len(samples)
+def _move(t: Tensor | None, device: torch.device) -> Tensor | None:
+    return None if t is None else t.to(device, non_blocking=True)
+
+
+def collate(
+    samples: list[Sample],
+    w_rl: float = 1.0,
+    w_opd: float = 1.0,
+    *,
+    rows: int | None = None,
+    width: int | None = None,
+) -> Collated:
+    """Right-padded tensors of a list of samples, per-token tensors aligned to the token they score; ``rows`` and
+    ``width`` pad to a fixed shape (an empty row holds one token, attends to itself and counts nowhere)."""
+    width = width or max(len(s.tokens) for s in samples)
+    b = rows or len(samples)
     tokens = torch.zeros(b, width, dtype=torch.long)
     attention = torch.zeros(b, width, dtype=torch.long)
+    attention[:, 0] = 1
     loss_mask = torch.zeros(b, width - 1)
     old = torch.zeros(b, width - 1)
     adv = torch.zeros(b, width - 1)
+    real = torch.zeros(b)
+    with_topk = [s for s in samples if s.topk_token_ids]
+    k = min((len(row) for s in with_topk for row in s.topk_token_ids or []), default=0)
+    topk_ids = torch.zeros(b, width - 1, k, dtype=torch.long) if k else None
+    topk_lp = torch.zeros(b, width - 1, k) if k else None
+    topk_mask = torch.zeros(b, width - 1) if k else None
     for i, s in enumerate(samples):
         n, p = len(s.tokens), s.prompt_length
         tokens[i, :n] = torch.tensor(s.tokens)
         attention[i, :n] = 1
+        real[i] = 1.0
         # Response token j sits at position p + j and is scored at index p + j - 1 of the shifted tensors.
         span = slice(p - 1, p - 1 + s.response_length)
         old_lp = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
         teacher = torch.tensor(s.teacher_logprobs, dtype=torch.float32) if s.teacher_logprobs else None
-        loss_mask[i, span] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        mask = torch.tensor(s.loss_mask, dtype=torch.float32)
+        loss_mask[i, span] = mask
         old[i, span] = old_lp
         adv[i, span] = sample_advantages(s.mode, s.reward, old_lp, teacher, w_rl=w_rl, w_opd=w_opd)
-    return Collated(tokens, attention, loss_mask, old, adv)
+        if k and s.topk_token_ids and s.topk_logprobs and topk_ids is not None and topk_lp is not None:
+            topk_ids[i, span] = torch.tensor([row[:k] for row in s.topk_token_ids])
+            topk_lp[i, span] = torch.tensor([row[:k] for row in s.topk_logprobs], dtype=torch.float32)
+            if topk_mask is not None:
+                topk_mask[i, span] = mask
+    return Collated(tokens, attention, loss_mask, old, adv, real, topk_ids, topk_lp, topk_mask)
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -89,66 +139,217 @@ def micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]
     return groups
 
 
+def plan(samples: list[Sample], token_budget: int, settings: TrainerConfig, fixed: bool) -> list[Collated]:
+    """The micro-batches of one rank. ``fixed`` (pipeline parallel): every micro-batch has the same rows and
+    width, as pipeline stages exchange activations of one shape."""
+    if not fixed:
+        return [collate(g, settings.w_rl, settings.w_opd) for g in micro_batches(samples, token_budget)]
+    width = max(len(s.tokens) for s in samples)
+    rows = max(1, min(len(samples), token_budget // width))
+    ordered = sorted(samples, key=lambda s: len(s.tokens))
+    return [
+        collate(ordered[i : i + rows], settings.w_rl, settings.w_opd, rows=rows, width=width)
+        for i in range(0, len(ordered), rows)
+    ]
+
+
+def _per_sample(values: Tensor, mask: Tensor) -> Tensor:
+    """``[B, T]`` -> ``[B]`` masked token means (0 for a row without tokens)."""
+    return (values * mask).sum(-1) / torch.clamp(mask.sum(-1), min=1.0)
+
+
+def micro_loss(
+    logits: Tensor,
+    c: Collated,
+    settings: TrainerConfig,
+    total: int,
+    topk_total: int,
+    ref_logprobs: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """This micro-batch's share of the step's loss: each sample's token mean, summed and divided by the number of
+    samples in the whole (rank-local) batch, so micro-batching never changes the update. Returns the loss and
+    detached sums for reporting."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    new = logp.gather(-1, c.tokens[:, 1:, None]).squeeze(-1)
+    mask = c.loss_mask
+
+    def reduce(values: Tensor, m: Tensor = mask, n: int = total) -> Tensor:
+        return (_per_sample(values, m) * c.rows).sum() / n
+
+    per_token, clipped = ppo_clip_loss(
+        new, c.old_logprobs, c.advantages, settings.eps_clip, settings.eps_clip_high
+    )
+    pg = reduce(per_token)
+    loss = pg
+    if settings.entropy_coef:
+        entropy = reduce(-(logp.exp() * logp).sum(-1))
+        loss = loss - settings.entropy_coef * entropy
+    else:
+        with torch.no_grad():
+            entropy = reduce(-(logp.exp() * logp).sum(-1))
+    sums = {
+        "pg": pg.detach(),
+        "entropy": entropy.detach(),
+        "clipped": (clipped * mask).sum(),
+        "tokens": mask.sum(),
+        "kl_rollout": reduce(low_var_kl(new.detach(), c.old_logprobs)),
+    }
+    if ref_logprobs is not None:
+        kl = reduce(low_var_kl(new, ref_logprobs))
+        loss = loss + settings.kl_coef * kl
+        sums["kl"] = kl.detach()
+    if (
+        settings.topk_coef
+        and c.topk_ids is not None
+        and c.topk_logprobs is not None
+        and c.topk_mask is not None
+    ):
+        student = logp.gather(-1, c.topk_ids)
+        distill = reduce(topk_distillation_loss(student, c.topk_logprobs), c.topk_mask, topk_total)
+        loss = loss + settings.topk_coef * distill
+        sums["topk"] = distill.detach()
+    sums["loss"] = loss.detach()
+    return loss, sums
+
+
+def _schedule(
+    model: Any,
+    micro: list[Collated],
+    forward: Forward,
+    loss_of: Callable[[int, Collated, Tensor], tuple[Tensor, dict[str, Tensor]]],
+    forward_only: bool,
+) -> list[dict[str, Tensor]]:
+    """Megatron's forward-backward schedule over the micro-batches (pipelined when PP > 1). The schedule divides
+    each loss by the number of micro-batches; ``loss_of`` returns shares of a total, so that is undone here."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from services.trainer.cpu_shim import cpu_allocations
+
+    n = len(micro)
+
+    def step(data_iterator: Any, chunk: Any) -> tuple[Tensor, Callable[[Tensor], Any]]:
+        i = next(data_iterator)
+        c = micro[i]
+        output = forward(chunk, c.tokens, c.attention_mask)
+
+        def finish(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            loss, sums = loss_of(i, c, logits)
+            return loss * n, sums
+
+        return output, finish
+
+    with cpu_allocations():
+        return get_forward_backward_func()(
+            forward_step_func=step,
+            data_iterator=iter(range(n)),
+            model=[model],
+            num_microbatches=n,
+            seq_length=micro[0].tokens.shape[1],
+            micro_batch_size=micro[0].tokens.shape[0],
+            forward_only=forward_only,
+        )
+
+
+def reference_logprobs(reference: Any, micro: list[Collated], forward: Forward) -> list[Tensor]:
+    """The frozen reference model's log-prob of every token, per micro-batch (on the last pipeline stage; empty
+    on the others, which never compute a loss)."""
+    reference.eval()
+    with torch.no_grad():
+        outs = _schedule(
+            reference,
+            micro,
+            forward,
+            lambda i, c, logits: (logits.new_zeros(()), {"ref": token_logprobs(logits, c.tokens)}),
+            forward_only=True,
+        )
+    return [o["ref"] for o in outs]
+
+
+_MEANS = ("loss", "pg", "entropy", "kl_rollout", "kl", "topk")
+_COUNTS = ("clipped", "tokens", "has_kl", "has_topk")
+
+
+def _reduce_stats(outs: list[dict[str, Tensor]], layout: ParallelLayout) -> dict[str, float]:
+    """Sum the last stage's figures over micro-batches, then average over data-parallel ranks (TP ranks hold
+    copies); every rank gets the result."""
+    keys = _MEANS + _COUNTS
+    vec = torch.zeros(len(keys), dtype=torch.float64)
+    for o in outs:
+        for j, key in enumerate(keys):
+            if key in o:
+                vec[j] += float(o[key])
+        vec[keys.index("has_kl")] += 1.0 if "kl" in o else 0.0
+        vec[keys.index("has_topk")] += 1.0 if "topk" in o else 0.0
+    if layout.distributed:
+        import torch.distributed as dist
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        moved = vec.to(device)
+        dist.all_reduce(moved)
+        vec = moved.cpu()
+        vec[: len(_MEANS)] /= layout.tp * layout.dp
+        vec[len(_MEANS) :] /= layout.tp
+    return dict(zip(keys, vec.tolist(), strict=True))
+
+
 def train_step(
     model: Any,
     optimizer: Any,
     samples: list[Sample],
     *,
-    forward: Any,
-    eps_clip: float = 0.2,
-    eps_clip_high: float = 0.28,
-    w_rl: float = 1.0,
-    w_opd: float = 1.0,
-    entropy_coef: float = 0.0,
+    forward: Forward,
+    settings: TrainerConfig | None = None,
     micro_batch_tokens: int = 8192,
+    reference: Any = None,
+    layout: ParallelLayout | None = None,
 ) -> StepStats:
-    """Forward and backward over micro-batches, then one optimizer step. The loss is the mean over samples of
-    each sample's token mean, whatever the micro-batching (each micro-batch's share is scaled by its size)."""
+    """Forward and backward over this rank's micro-batches, then one optimizer step. Every rank is handed the
+    whole batch and trains its data-parallel share (``rollout_batch_size`` is a multiple of DP, so shares are
+    equal and Megatron's gradient averaging gives the mean over the batch)."""
     from services.trainer.cpu_shim import cpu_allocations
+
+    settings = settings or TrainerConfig()
+    layout = layout or ParallelLayout()
+    local = sorted(samples, key=lambda s: len(s.tokens))[layout.dp_rank :: layout.dp]
+    micro = plan(local, micro_batch_tokens, settings, fixed=layout.pp > 1)
+    if torch.cuda.is_available():
+        micro = [c.to(torch.device("cuda", torch.cuda.current_device())) for c in micro]
+    total = len(local)
+    topk_total = max(1, sum(1 for s in local if s.topk_token_ids))
+    refs = reference_logprobs(reference, micro, forward) if reference is not None else None
 
     model.train()
     if hasattr(model, "zero_grad_buffer"):
         model.zero_grad_buffer()
     optimizer.zero_grad()
-    total = len(samples)
-    sums: dict[str, float] = defaultdict(float)
-    groups = micro_batches(samples, micro_batch_tokens)
-    for group in groups:
-        c = collate(group, w_rl=w_rl, w_opd=w_opd)
-        logits = forward(model, c.tokens, c.attention_mask)
-        new = token_logprobs(logits, c.tokens)
-        per_token, clipped = ppo_clip_loss(new, c.old_logprobs, c.advantages, eps_clip, eps_clip_high)
-        share = len(group) / total
-        pg = batch_mean(per_token, c.loss_mask)
-        loss = pg
-        if entropy_coef:
-            ent = batch_mean(entropy_from_logits(logits[:, :-1]), c.loss_mask)
-            loss = loss - entropy_coef * ent
-        else:
-            with torch.no_grad():
-                ent = batch_mean(entropy_from_logits(logits[:, :-1].detach()), c.loss_mask)
-        (loss * share).backward()
-        sums["loss"] += loss.item() * share
-        sums["pg"] += pg.item() * share
-        sums["entropy"] += ent.item() * share
-        sums["clipped"] += float((clipped * c.loss_mask).sum())
-        sums["tokens"] += float(c.loss_mask.sum())
-    if hasattr(model, "finish_grad_sync"):
+    outs = _schedule(
+        model,
+        micro,
+        forward,
+        lambda i, c, logits: micro_loss(logits, c, settings, total, topk_total, refs[i] if refs else None),
+        forward_only=False,
+    )
+    config = getattr(model, "config", None)
+    if getattr(config, "finalize_model_grads_func", None) is None and hasattr(model, "finish_grad_sync"):
         model.finish_grad_sync()
     with cpu_allocations():
         applied, grad_norm, _ = optimizer.step()
+    figures = _reduce_stats(outs, layout)
     rewards: dict[str, list[float]] = defaultdict(list)
     for s in samples:
         rewards[s.kind].append(s.reward)
     return StepStats(
-        loss=sums["loss"],
-        pg_loss=sums["pg"],
-        clip_fraction=sums["clipped"] / max(sums["tokens"], 1.0),
-        entropy=sums["entropy"],
+        loss=figures["loss"],
+        pg_loss=figures["pg"],
+        clip_fraction=figures["clipped"] / max(figures["tokens"], 1.0),
+        entropy=figures["entropy"],
         grad_norm=float(grad_norm or 0.0),
-        samples=total,
-        tokens=int(sums["tokens"]),
-        micro_batches=len(groups),
+        samples=len(samples),
+        tokens=int(figures["tokens"]),
+        micro_batches=len(micro),
         reward_mean_by_kind={k: sum(v) / len(v) for k, v in rewards.items()},
+        kl_rollout=figures["kl_rollout"],
+        kl=figures["kl"] if figures["has_kl"] else None,
+        topk_loss=figures["topk"] if figures["has_topk"] else None,
         applied=bool(applied),
     )

@@ -5,6 +5,9 @@ optimizer step -> the weights as Hugging Face safetensors in ``versions/v<N>`` (
 model, optimizer, the ``samples`` offsets consumed and the lineage of trained sample ids -> ``WeightsPublished``
 -> the offsets committed to Kafka. A restart resumes from the checkpoint, seeking ``samples`` to its offsets, so
 a sample is trained exactly once in the lineage of the published weights, whenever the trainer is killed.
+
+Under torchrun (GPUs; gloo on the CPU in tests) only rank 0 consumes, publishes and commits; it broadcasts each
+batch, and every rank trains its share, joins the weight gather and writes its own checkpoint state (``follow``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from services.bus import EventProducer, _security, topic_partitions
 from services.config import Config
 from services.metrics import serve_metrics
 from services.trainer.checkpoints import CheckpointMeta, TrainerStore
-from services.trainer.step import StepStats, train_step
+from services.trainer.collective import barrier, broadcast
+from services.trainer.parallel import ParallelLayout
+from services.trainer.step import StepStats
 
 log = logging.getLogger("turnstream.trainer")
 
@@ -37,6 +42,7 @@ STALENESS = Histogram(
     buckets=range(9),
 )
 LAST = Gauge("turnstream_trainer_last", "Figures of the last step", ["name"])
+REWARD = Gauge("turnstream_trainer_reward_mean", "Mean reward of the last step's samples, by kind", ["kind"])
 VERSION = Gauge("turnstream_trainer_version", "Newest published weight version")
 STEP_SECONDS = Histogram("turnstream_trainer_step_seconds", "One optimizer step (forward, backward, update)")
 
@@ -68,10 +74,13 @@ class _Pending:
 
 
 class TrainerLoop:
+    """Rank 0's side of training: decides every step and tells the other ranks (``follow``) what to do."""
+
     def __init__(self, config: Config, policy: Any, store: TrainerStore, base: str) -> None:
         self.config = config
         self.tc = config.trainer
         self.policy = policy
+        self.layout: ParallelLayout = policy.layout
         self.store = store
         self.base = base
         self.version = 0
@@ -82,12 +91,11 @@ class TrainerLoop:
 
     def resume(self) -> bool:
         found = self.store.latest()
+        broadcast(("resume", str(found[1]) if found else None), self.layout)
         if found is None:
             return False
         meta, folder = found
-        state = self.store.load_state(folder)
-        self.policy.module.load_state_dict(state["model"])
-        self.policy.optimizer.load_state_dict(state["optimizer"])
+        self.policy.load_state(self.store.load_state(folder, self.layout.rank))
         self.version, self.step = meta.version, meta.step
         self.trained, self.samples_trained = meta.trained, meta.samples_trained
         self.offsets = {int(p): o for p, o in meta.offsets.items()}
@@ -103,29 +111,20 @@ class TrainerLoop:
         return True
 
     def train(self, samples: list[Sample]) -> StepStats:
+        broadcast(("step", samples, self.version + 1), self.layout)
         started = time.perf_counter()
-        stats = train_step(
-            self.policy.model,
-            self.policy.optimizer,
-            samples,
-            forward=self.policy.forward,
-            eps_clip=self.tc.eps_clip,
-            eps_clip_high=self.tc.eps_clip_high,
-            w_rl=self.tc.w_rl,
-            w_opd=self.tc.w_opd,
-            entropy_coef=self.tc.entropy_coef,
-            micro_batch_tokens=self.tc.micro_batch_tokens,
-        )
+        stats = self.policy.train(samples)
         STEP_SECONDS.observe(time.perf_counter() - started)
         return stats
 
     def persist(self, samples: list[Sample], offsets: dict[int, int]) -> WeightsPublished:
         """After a step: the new version on disk, then the checkpoint that makes it the resume point."""
+        tensors = self.policy.export()
         self.version += 1
         self.step += 1
         self.trained.append([s.sample_id for s in samples])
         self.samples_trained += len(samples)
-        path, digest = self.store.write_version(self.version, self.policy.export(), self.base)
+        path, digest = self.store.write_version(self.version, tensors, self.base)
         meta = CheckpointMeta(
             version=self.version,
             step=self.step,
@@ -134,10 +133,17 @@ class TrainerLoop:
             samples_trained=self.samples_trained,
             base_model=self.base,
         )
-        self.store.save(meta, self.policy.module.state_dict(), self.policy.optimizer.state_dict())
+        tmp = self.store.stage(self.version)
+        barrier(self.layout)  # the staging folder exists
+        self.store.write_state(tmp, self.layout.rank, *self.policy.state())
+        barrier(self.layout)  # every rank's state is on disk
+        self.store.commit(meta, tmp)
         self.store.prune_versions(self.tc.keep_versions, protect=self.version)
         self.offsets = dict(offsets)
         return self.announcement(str(path), digest)
+
+    def stop(self) -> None:
+        broadcast(("stop",), self.layout)
 
     def announcement(self, path: str, digest: str | None = None) -> WeightsPublished:
         return WeightsPublished(
@@ -149,6 +155,25 @@ class TrainerLoop:
             samples_trained=self.samples_trained,
             sha256=digest,
         )
+
+
+def follow(policy: Any, store: TrainerStore) -> None:
+    """A rank other than 0: resume, train, gather and checkpoint exactly when rank 0 does, until it stops."""
+    layout: ParallelLayout = policy.layout
+    while True:
+        command = broadcast(None, layout)
+        if command[0] == "stop":
+            return
+        if command[0] == "resume":
+            if command[1] is not None:
+                policy.load_state(store.load_state(Path(command[1]), layout.rank))
+        elif command[0] == "step":
+            _, samples, version = command
+            policy.train(samples)
+            policy.export()
+            barrier(layout)
+            store.write_state(store.staged(version), layout.rank, *policy.state())
+            barrier(layout)
 
 
 async def run_trainer(
@@ -163,15 +188,20 @@ async def run_trainer(
     tc = config.trainer
     if not tc.hf_checkpoint:
         raise SystemExit("turnstream trainer: set trainer.hf_checkpoint (the policy's Hugging Face folder)")
-    serve_metrics(config.metrics.port)
+    layout = ParallelLayout.from_env(tc.tensor_parallel, tc.pipeline_parallel)
+    root = Path(tc.output_dir) if tc.output_dir else cache_dir() / "weights"
+    store = TrainerStore(root)
+    if layout.rank == 0:
+        serve_metrics(config.metrics.port)
+    policy = await asyncio.to_thread(Policy.from_hf, tc.hf_checkpoint, tc, layout)
+    if layout.rank != 0:  # only rank 0 talks to Kafka; the others follow its commands
+        await asyncio.to_thread(follow, policy, store)
+        return
     stop = stop or asyncio.Event()
     if install_signals:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    root = Path(tc.output_dir) if tc.output_dir else cache_dir() / "weights"
-    store = TrainerStore(root)
-    policy = await asyncio.to_thread(Policy.from_hf, tc.hf_checkpoint, tc)
     trainer = TrainerLoop(config, policy, store, tc.hf_checkpoint)
     resumed = await asyncio.to_thread(trainer.resume)
 
@@ -244,6 +274,7 @@ async def run_trainer(
                 if tc.max_steps and steps_this_run >= tc.max_steps:
                     stop.set()
     finally:
+        await asyncio.to_thread(trainer.stop)
         await consumer.stop()
         await producer.stop()
 
@@ -253,8 +284,12 @@ def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> No
     VERSION.set(trainer.version)
     for s in samples:
         SAMPLES_IN.labels(s.kind).inc()
-    for name in ("loss", "pg_loss", "clip_fraction", "entropy", "grad_norm"):
-        LAST.labels(name).set(getattr(stats, name))
+    for name in ("loss", "pg_loss", "clip_fraction", "entropy", "grad_norm", "kl_rollout", "kl", "topk_loss"):
+        value = getattr(stats, name)
+        if value is not None:
+            LAST.labels(name).set(value)
+    for kind, mean in stats.reward_mean_by_kind.items():
+        REWARD.labels(kind).set(mean)
     log.info(
         "step done",
         extra={
@@ -262,6 +297,8 @@ def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> No
             "loss": round(stats.loss, 5),
             "clip_fraction": round(stats.clip_fraction, 4),
             "grad_norm": round(stats.grad_norm, 4),
+            "kl_rollout": round(stats.kl_rollout, 5),
+            "kl": None if stats.kl is None else round(stats.kl, 5),
             "tokens": stats.tokens,
             "reward_mean_by_kind": stats.reward_mean_by_kind,
         },

@@ -12,24 +12,42 @@ from services.bus import EventProducer
 from services.config import KafkaConfig
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def save_tiny_llama(out: Path, vocab_size: int = 512, max_positions: int = 256) -> Path:
+    """A two-layer Llama with tied embeddings and grouped KV heads, random weights (seed 0)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-llama")
     config = LlamaConfig(
-        vocab_size=512,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
     )
     LlamaForCausalLM(config).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def trainer_env(kafka: KafkaConfig, model: Path, out: Path) -> dict[str, str]:
+    """Environment for a ``turnstream trainer`` subprocess: batches of 4, every sample fresh (all come from v0)."""
+    return {
+        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        "TURNSTREAM_TRAINER_HF_CHECKPOINT": str(model),
+        "TURNSTREAM_TRAINER_OUTPUT_DIR": str(out),
+        "TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE": "4",
+        "TURNSTREAM_TRAINER_LR": "0.001",
+        "TURNSTREAM_TRAINER_MAX_STALENESS": "100",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def make_sample(i: int, weight_version: int = 0) -> Sample:

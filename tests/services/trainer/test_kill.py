@@ -13,7 +13,7 @@ import pytest
 from services.config import KafkaConfig
 from services.launch import ServiceProcess, free_port
 from services.trainer.checkpoints import TrainerStore
-from tests.services.trainer.conftest import make_sample, publish
+from tests.services.trainer.conftest import make_sample, publish, trainer_env
 
 pytestmark = pytest.mark.integration
 
@@ -66,16 +66,7 @@ async def test_kill9_during_and_between_steps_trains_each_sample_once(
     samples = [make_sample(i) for i in range(4 * STEPS)]
     await publish(kafka, samples)
     out = tmp_path / "weights"
-    env = {
-        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
-        "TURNSTREAM_TRAINER_HF_CHECKPOINT": str(tiny_llama),
-        "TURNSTREAM_TRAINER_OUTPUT_DIR": str(out),
-        "TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE": "4",
-        "TURNSTREAM_TRAINER_LR": "0.001",
-        "TURNSTREAM_TRAINER_MAX_STALENESS": "100",  # every sample was produced by version 0
-        "OMP_NUM_THREADS": "1",
-    }
+    env = trainer_env(kafka, tiny_llama, out)
     kills = await asyncio.to_thread(kill_and_restart, env, out, tmp_path / "trainer.log")
     found = TrainerStore(out).latest()
     assert found is not None and kills == KILLS

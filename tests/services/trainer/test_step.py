@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -158,3 +159,54 @@ def test_opd_steps_move_toward_the_teacher(policy: Any, tok: Any) -> None:
     after = mean_logprob(policy, *liked) - mean_logprob(policy, *disliked)
     print(f"opd: mean log-prob gap teacher-favoured - disfavoured {before:.3f} -> {after:.3f} after 3 steps")
     assert after > before + 0.05, (before, after)
+
+
+def test_micro_loss_weights_rows_and_adds_the_kl_and_topk_terms() -> None:
+    """Hand-checkable: uniform logits over 4 tokens (every log-prob is log 1/4), one real row and one padding row."""
+    import math
+
+    from services.trainer.loss import low_var_kl, topk_distillation_loss
+    from services.trainer.step import micro_loss
+
+    s = sample([1], [2, 3], [math.log(0.25)] * 2, reward=1.0)
+    s = msgspec.structs.replace(
+        s, topk_token_ids=[[2, 0], [3, 1]], topk_logprobs=[[-0.2, -2.5], [-0.3, -2.0]]
+    )
+    c = collate([s], rows=2, width=4)
+    assert c.rows.tolist() == [1.0, 0.0] and c.attention_mask[1].tolist() == [1, 0, 0, 0]
+    logits = torch.zeros(2, 4, 4, requires_grad=True)
+    ref = torch.full((2, 3), math.log(0.5))
+    plain, _ = micro_loss(logits, c, TrainerConfig(), total=1, topk_total=1)
+    assert plain.item() == pytest.approx(-1.0)  # ratio 1, advantage +1: -1 per token, one sample
+    settings = TrainerConfig(kl_coef=0.5, topk_coef=2.0)
+    loss, sums = micro_loss(logits, c, settings, total=2, topk_total=1, ref_logprobs=ref)
+    kl = low_var_kl(torch.tensor(math.log(0.25)), torch.tensor(math.log(0.5))).item()
+    student = torch.full((2,), math.log(0.25))
+    distill = (
+        sum(topk_distillation_loss(student, torch.tensor(t)).item() for t in ([-0.2, -2.5], [-0.3, -2.0])) / 2
+    )
+    assert sums["kl"].item() == pytest.approx(
+        kl / 2
+    )  # the padding row counts for nothing; total is 2 samples
+    assert sums["topk"].item() == pytest.approx(distill)  # over the one sample carrying top-K
+    assert loss.item() == pytest.approx(-0.5 + 0.5 * kl / 2 + 2.0 * distill)
+    loss.backward()
+    assert logits.grad is not None and not logits.grad[1].any()  # nothing flows from the padding row
+
+
+def test_reference_kl_starts_at_zero_and_grows_as_the_policy_moves(smollm2_path: Path, tok: Any) -> None:
+    from services.trainer.policy import Policy
+
+    torch.set_num_threads(1)
+    policy = Policy.from_hf(smollm2_path, TrainerConfig(lr=1e-4, kl_coef=0.1))
+    assert policy.reference is not None and not any(p.requires_grad for p in policy.reference.parameters())
+    prompt = render_prompt_ids(tok, [{"role": "user", "content": "Say hi."}])
+    batch = [
+        sample(prompt, tok.encode(t), [-2.0] * len(tok.encode(t)), r)
+        for t, r in (("Hi!", 1.0), ("No.", -1.0))
+    ]
+    first = policy.train(batch)
+    second = policy.train(batch)
+    assert first.kl == pytest.approx(0.0, abs=1e-6)  # the policy is the reference before its first update
+    assert second.kl is not None and second.kl > 1e-6
+    assert first.kl_rollout > 0  # rollout log-probs (-2.0) are not the model's
