@@ -151,7 +151,17 @@ def _proxy(config: Config, args: argparse.Namespace) -> int:
     )
     engine = msgspec.structs.replace(config.engine, url=args.engine_url or config.engine.url)
     config = msgspec.structs.replace(config, proxy=proxy, engine=engine)
-    uvicorn.run(create_app(config), host=proxy.host, port=proxy.port, log_level="warning", access_log=False)
+    # No X-Forwarded-* rewriting (the proxy never uses the client's address) and no Server header: per-request
+    # work the hot path does not need.
+    uvicorn.run(
+        create_app(config),
+        host=proxy.host,
+        port=proxy.port,
+        log_level="warning",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+    )
     return 0
 
 

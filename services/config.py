@@ -86,6 +86,9 @@ class ProxyConfig(_Section):
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
     spool_dir: str = ""
     """Durable local spool every turn passes through before Kafka; empty: under the cache directory."""
+    spool_linger_ms: NonNegInt = 200
+    """Turns gather this long before one fsync and one Kafka batch take them all: the user never waits on it, and
+    at low traffic it is what keeps recording cheap (a turn lives only in memory for this long)."""
     missing_session: Literal["generate", "reject"] = "generate"
     """A main turn without a session id: ``generate`` records it under a new id returned in the
     ``X-Session-Id`` response header; ``reject`` answers 400."""

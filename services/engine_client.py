@@ -154,6 +154,11 @@ class EngineClient:
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
+        # Parsed once: URL parsing and header normalisation were a tenth of the proxy's per-request CPU.
+        self._urls: dict[str, httpx.URL] = {}
+        self._timeouts = self.timeout.as_dict()
+        self._json_headers = httpx.Headers({**self.headers, "content-type": "application/json"})
+        self._plain_headers = httpx.Headers(self.headers)
         self.retries = retries
         self.backoff_s = backoff_s
         self._client = client
@@ -168,17 +173,15 @@ class EngineClient:
         return hot_path_transport()
 
     def _build(self, method: str, path: str, body: Any = None) -> httpx.Request:
-        headers = dict(self.headers)
-        content = b""
-        if body is not None:
-            content = msgspec.json.encode(body)
-            headers["content-type"] = "application/json"
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self.base_url + path)
         return httpx.Request(
             method,
-            self.base_url + path,
-            content=content,
-            headers=headers,
-            extensions={"timeout": self.timeout.as_dict()},
+            url,
+            content=b"" if body is None else msgspec.json.encode(body),
+            headers=self._plain_headers if body is None else self._json_headers,
+            extensions={"timeout": self._timeouts},
         )
 
     async def _send(self, method: str, path: str, body: Any = None, *, idempotent: bool) -> bytes:

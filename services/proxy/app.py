@@ -16,7 +16,6 @@ import msgspec
 import redis.asyncio as aioredis
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -36,6 +35,11 @@ log = logging.getLogger("turnstream.proxy")
 
 REQUESTS = Counter("turnstream_proxy_requests_total", "Chat requests", ["turn_type", "stream", "status"])
 LATENCY = Histogram("turnstream_proxy_request_seconds", "Time to the complete response", ["stream"])
+
+# The hot path's label children, looked up once.
+_OK = {(main, stream): REQUESTS.labels("main" if main else "side", str(stream).lower(), "200")
+       for main in (True, False) for stream in (True, False)}  # fmt: skip
+_LATENCY = {stream: LATENCY.labels(str(stream).lower()) for stream in (True, False)}
 
 _json_decoder = msgspec.json.Decoder()
 _json_encoder = msgspec.json.Encoder()
@@ -60,6 +64,19 @@ def engine_failure(exc: EngineError, turn_type: str, stream: str, headers: dict[
         message, err_type = f"the model engine failed: {exc}", "engine_error"
     REQUESTS.labels(turn_type, stream, str(status)).inc()
     return openai_error(status, message, err_type, headers=headers)
+
+
+class _ThenRecord(Response):
+    """A JSON response that runs ``after`` once its body is sent: the recording hook of a main turn, on the event
+    loop and without Starlette's BackgroundTask (which inspects the callable on every request)."""
+
+    def __init__(self, content: bytes, headers: dict[str, str], after: Any) -> None:
+        super().__init__(content, media_type="application/json", headers=headers)
+        self._after = after
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await super().__call__(scope, receive, send)
+        self._after()
 
 
 class BadInput(Exception):
@@ -150,7 +167,8 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
         assert state is not None
         try:
             key = f"{config.redis.key_prefix}turns:{session_id}"
-            return int(await asyncio.wait_for(state.redis.incr(key), pc.redis_timeout_ms / 1000))
+            async with asyncio.timeout(pc.redis_timeout_ms / 1000):  # no extra task, unlike wait_for
+                return int(await state.redis.incr(key))
         except Exception as exc:  # Redis trouble must not fail the user's request
             log.warning(
                 "turn numbering unavailable; the turn will not be recorded", extra={"error": repr(exc)}
@@ -259,19 +277,18 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
                 data = await state.engine.chat_raw(forward)
         except EngineError as exc:
             return engine_failure(exc, session.turn_type, "false", headers)
-        REQUESTS.labels(session.turn_type, "false", "200").inc()
-        LATENCY.labels("false").observe(time.time() - created)
+        _OK[session.turn_type == "main", False].inc()
+        _LATENCY[False].observe(time.time() - created)
         if not main:
             return Response(raw, media_type="application/json", headers=headers)
         # The client's copy drops what the proxy asked for on its own account; recording needs the original.
         payload = dict(data, choices=[dict(c) for c in data.get("choices") or ()])
         _strip(payload, wants)
         # The turn is built and recorded after the response has gone out: the user never waits for it.
-        return Response(
+        return _ThenRecord(
             _json_encoder.encode(payload),
-            media_type="application/json",
-            headers=headers,
-            background=BackgroundTask(record_response, session, index, body, data, created),
+            headers,
+            lambda: record_response(session, index, body, data, created),
         )
 
     def record_response(
@@ -348,7 +365,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
             finally:
                 await upstream.aclose()
                 REQUESTS.labels(session.turn_type, "true", "200" if complete else "aborted").inc()
-                LATENCY.labels("true").observe(time.time() - created)
+                _LATENCY[True].observe(time.time() - created)
                 if main:
                     if complete:
                         finish_turn(session, index, body, completion, created)
@@ -428,7 +445,7 @@ async def build_state(config: Config) -> ProxyState:
         retries=config.engine.retries,
     )
     spool_dir = Path(pc.spool_dir) if pc.spool_dir else cache_dir() / "spool" / f"proxy-{pc.port}"
-    recorder = TurnRecorder(config.kafka, spool_dir)
+    recorder = TurnRecorder(config.kafka, spool_dir, linger_s=pc.spool_linger_ms / 1000)
     await recorder.start()
     state = ProxyState(
         config=config, engine=engine, redis=aioredis.from_url(config.redis.url), recorder=recorder
