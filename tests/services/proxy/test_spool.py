@@ -31,6 +31,27 @@ def test_cursor_and_records_survive_a_restart(tmp_path: Path) -> None:
     again.close()
 
 
+def test_a_corrupt_cursor_resends_from_the_oldest_segment_and_a_text_cursor_is_read(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([b"r0", b"r1", b"r2"])
+    spool.commit(2)
+    spool.close()
+    cursor = tmp_path / "cursor"
+    assert len(cursor.read_bytes()) == 20  # [u64 segment][u64 offset][u32 crc]
+    raw = bytearray(cursor.read_bytes())
+    raw[9] ^= 0xFF  # a torn or damaged cursor: the CRC fails
+    cursor.write_bytes(bytes(raw))
+    again = Spool(tmp_path)
+    assert again.peek(10) == [b"r0", b"r1", b"r2"]  # resent, never skipped
+    again.commit(1)
+    again.close()
+    (seg,) = tmp_path.glob("seg-*.log")
+    cursor.write_text(f"{int(seg.stem[4:])} {2 * (8 + 2)}")  # the text format of earlier versions: after r1
+    legacy = Spool(tmp_path)
+    assert legacy.peek(10) == [b"r2"]
+    legacy.close()
+
+
 def test_a_torn_tail_is_cut_off(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     spool.append([b"whole"])
