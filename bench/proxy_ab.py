@@ -1,0 +1,117 @@
+"""The proxy's CPU per request, this checkout against another git revision, side by side in one run. Prints JSON.
+
+    .venv/bin/python bench/proxy_ab.py [--base HEAD] [--rounds 6] [--requests 300] [--concurrency 1]
+
+This machine's noise swamps a 10% change between two separate runs of bench/proxy.py. Here both proxies (the
+base revision, checked out into a temporary git worktree, and the working tree) run at once against one stub
+engine, Kafka and Redis, and take turns: each round sends the same load to one, then the other, and reads each
+proxy's CPU time from /proc. The medians and their ratio are what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from infra import Started, start_kafka, start_redis, stop_started
+from proxy import cpu_split, load, wait_http
+
+from services.config import KafkaConfig
+from services.engine.launch import free_port
+from services.topics import create_topics
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", default="HEAD", help="git revision to compare the working tree against")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--requests", type=int, default=300, help="requests per round and proxy")
+    ap.add_argument("--concurrency", type=int, default=1)
+    args = ap.parse_args()
+
+    worktree = Path(tempfile.mkdtemp(prefix="turnstream-ab-")) / "base"
+    subprocess.run(
+        ["git", "worktree", "add", "-q", "--detach", str(worktree), args.base], cwd=REPO, check=True
+    )
+    started: Started = []
+    procs: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+    stub = None
+    try:
+        bootstrap, redis_url = start_kafka(started), start_redis(started)
+        namespace = f"bench-{uuid.uuid4().hex[:8]}."
+        asyncio.run(create_topics(KafkaConfig(bootstrap=bootstrap, namespace=namespace), partitions=3))
+        stub_port = free_port()
+        stub = subprocess.Popen(
+            [sys.executable, str(REPO / "bench/stub_engine.py"), "--port", str(stub_port)]
+        )
+        for name, root in (("base", worktree), ("work", REPO)):
+            port, tmp = free_port(), tempfile.mkdtemp(prefix=f"turnstream-ab-{name}-")
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(root),
+                "TURNSTREAM_KAFKA_BOOTSTRAP": bootstrap,
+                "TURNSTREAM_KAFKA_NAMESPACE": namespace,
+                "TURNSTREAM_REDIS_URL": redis_url,
+                "TURNSTREAM_REDIS_KEY_PREFIX": f"{namespace}{name}.",
+                "TURNSTREAM_ENGINE_URL": f"http://127.0.0.1:{stub_port}",
+                "TURNSTREAM_PROXY_PORT": str(port),
+                "TURNSTREAM_PROXY_SPOOL_DIR": tmp + "/spool",
+                "TURNSTREAM_PROXY_WEIGHTS_ROOT": tmp,
+                "TURNSTREAM_LOGGING_LEVEL": "WARNING",
+            }
+            cmd = [sys.executable, "-m", "services.cli", "proxy"]
+            procs[name] = (subprocess.Popen(cmd, env=env, cwd=root), port)
+        wait_http(f"http://127.0.0.1:{stub_port}/health")
+        for name, (_, port) in procs.items():
+            wait_http(f"http://127.0.0.1:{port}/metrics")
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            asyncio.run(load(url, 4, 100, False, lambda w, i, n=name: {"X-Session-Id": f"warm-{n}-{w}-{i}"}))
+        per_request: dict[str, list[float]] = {"base": [], "work": []}
+        for rnd in range(args.rounds):
+            for name, (proc, port) in procs.items():
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                user0, sys0 = cpu_split(proc.pid)
+                headers = lambda w, i, r=rnd: {"X-Session-Id": f"r{r}-{w}-{i}"}  # noqa: E731
+                asyncio.run(load(url, args.concurrency, args.requests, False, headers))
+                user1, sys1 = cpu_split(proc.pid)
+                per_request[name].append(1000 * (user1 - user0 + sys1 - sys0) / args.requests)
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait(30)
+        if stub is not None:
+            stub.terminate()
+        stop_started(started)
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO, check=False)
+    medians = {name: statistics.median(v) for name, v in per_request.items()}
+    print(
+        json.dumps(
+            {
+                "base": args.base,
+                "concurrency": args.concurrency,
+                "requests_per_round": args.requests,
+                "cpu_ms_per_request": {
+                    name: {"median": round(medians[name], 3), "rounds": [round(x, 3) for x in v]}
+                    for name, v in per_request.items()
+                },
+                "work_over_base": round(medians["work"] / medians["base"], 3),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
