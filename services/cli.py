@@ -14,7 +14,6 @@ from services.logs import setup_logging
 
 # Parts of DESIGN §2's CLI that later issues build; each says so instead of pretending to run.
 _NOT_BUILT_YET = {
-    "run": "issue 8 (turnstream run)",
     "replay": "issue 8 (replay)",
 }
 
@@ -53,6 +52,19 @@ def _parser() -> argparse.ArgumentParser:
     proxy.add_argument("--host", help="default: proxy.host")
     proxy.add_argument("--port", type=int, help="default: proxy.port")
     proxy.add_argument("--engine-url", help="default: engine.url")
+
+    run = sub.add_parser("run", help="the whole pipeline on this machine, with live progress, until Ctrl-C")
+    run.add_argument("--run-dir", help="where service logs and status.json go (default: <cache>/run/<time>)")
+    run.add_argument(
+        "--no-local-infra",
+        dest="local_infra",
+        action="store_false",
+        default=None,
+        help="use the configured Kafka and Redis instead of starting local ones",
+    )
+    run.add_argument(
+        "--judge-backend", choices=["engine", "rules"], help="default: run.judge_backend (rules)"
+    )
 
     sub.add_parser("pairer", help="pairs each turn with its next state (turns -> turns.paired)")
 
@@ -224,6 +236,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _engine(args)
     if args.command == "proxy":
         return _proxy(config, args)
+    if args.command == "run":
+        from services.run.main import run_pipeline
+
+        try:
+            config = _override(
+                config,
+                "run",
+                {
+                    "run_dir": args.run_dir,
+                    "local_infra": args.local_infra,
+                    "judge_backend": args.judge_backend,
+                },
+            )
+        except ConfigError as exc:
+            print(f"turnstream run: {exc}", file=sys.stderr)
+            return 2
+        return asyncio.run(run_pipeline(config, args.config))
     if args.command in _WORKERS:
         return _worker(config, args)
     if args.command == "config":

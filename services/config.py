@@ -205,6 +205,22 @@ class TrainerConfig(_Section):
     """``auto``: bf16 on GPUs, fp32 on the CPU."""
 
 
+class RunConfig(_Section):
+    """``turnstream run``: the whole pipeline on one machine."""
+
+    local_infra: bool = True
+    """Start the local Kafka and Redis from ``scripts/`` (left running afterwards); false: use the configured ones."""
+    engine_port: Port = 30000
+    teacher_engine_port: Port = 30002
+    metrics_port_base: Port = 9101
+    """pairer, judge, teacher, dispatcher and trainer expose /metrics on this port and the four after it."""
+    judge_backend: Literal["engine", "rules"] = "rules"
+    """``rules`` on the CPU; ``engine`` judges with the teacher engine."""
+    run_dir: str = ""
+    """Where each service's log goes; empty: ``<cache>/run/<timestamp>``."""
+    startup_timeout_s: PositiveFloat = 300.0
+
+
 class MetricsConfig(_Section):
     port: Port | None = None
     """Prometheus /metrics port for services without an HTTP server of their own."""
@@ -225,6 +241,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     teacher: TeacherConfig = msgspec.field(default_factory=TeacherConfig)
     dispatcher: DispatcherConfig = msgspec.field(default_factory=DispatcherConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    run: RunConfig = msgspec.field(default_factory=RunConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
 

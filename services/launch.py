@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import IO
@@ -13,10 +14,35 @@ from typing import IO
 import httpx
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the parent dies, even by SIGKILL, so no service outlives
+    the ``turnstream run`` that started it."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_block(n: int) -> int:
+    """The first of ``n`` consecutive ports that are all free right now."""
+    while True:
+        base = free_port()
+        if base + n > 65535:
+            continue
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
 
 
 class ServiceProcess:
@@ -32,6 +58,8 @@ class ServiceProcess:
         env: Mapping[str, str] | None = None,
         log: IO[str] | None = None,
         startup_timeout_s: float = 180.0,
+        die_with_parent: bool = False,
+        wait: bool = True,
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -42,8 +70,14 @@ class ServiceProcess:
             env={**os.environ, "TURNSTREAM_LOGGING_FORMAT": "text", **(env or {})},
             stdout=log or self._devnull,
             stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )
-        deadline = time.monotonic() + startup_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        if wait:
+            self.wait_ready(ready_path)
+
+    def wait_ready(self, ready_path: str, abort: threading.Event | None = None) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready")
@@ -52,21 +86,27 @@ class ServiceProcess:
                     return
             except httpx.HTTPError:
                 pass
+            if abort is not None and abort.is_set():
+                raise RuntimeError(f"{self.name}: startup aborted")
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"{self.name} was not ready within {startup_timeout_s} s")
+                raise TimeoutError(f"{self.name} was not ready within {self.startup_timeout_s} s")
             time.sleep(0.2)
 
-    def stop(self) -> None:
-        """SIGTERM (services finish in-flight work and flush), then SIGKILL after 30 s."""
+    def stop(self) -> int | None:
+        """SIGTERM (services finish in-flight work and flush), then SIGKILL after 30 s. Returns the exit code,
+        or None if it had to be killed."""
         self.proc.terminate()
+        code: int | None
         try:
-            self.proc.wait(timeout=30)
+            code = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            code = None
         if self._devnull is not None:
             self._devnull.close()
+        return code
 
     def __enter__(self) -> ServiceProcess:
         return self

@@ -147,6 +147,8 @@ class TrainerStore:
     @staticmethod
     def load_state(folder: Path, rank: int = 0) -> dict[str, Any]:
         path = folder / f"state-rank{rank}.pt"
+        if not path.exists() and rank == 0 and (folder / "state.pt").exists():
+            path = folder / "state.pt"  # a single-process checkpoint of an earlier version
         if not path.exists():
             raise FileNotFoundError(
                 f"{path} is missing: was this checkpoint written with another parallel layout?"

@@ -43,6 +43,7 @@ STALENESS = Histogram(
 )
 LAST = Gauge("turnstream_trainer_last", "Figures of the last step", ["name"])
 REWARD = Gauge("turnstream_trainer_reward_mean", "Mean reward of the last step's samples, by kind", ["kind"])
+PENDING = Gauge("turnstream_trainer_pending_samples", "Samples held toward the next batch")
 VERSION = Gauge("turnstream_trainer_version", "Newest published weight version")
 STEP_SECONDS = Histogram("turnstream_trainer_step_seconds", "One optimizer step (forward, backward, update)")
 
@@ -262,6 +263,7 @@ async def run_trainer(
                         pending.add(tp.partition, rec.offset, sample)
                     else:
                         pending.processed(tp.partition, rec.offset)
+            PENDING.set(len(pending.samples))
             while len(pending.samples) >= tc.rollout_batch_size and not stop.is_set():
                 samples = pending.take(tc.rollout_batch_size)
                 offsets = pending.safe_offsets()
@@ -269,6 +271,7 @@ async def run_trainer(
                 announcement = await asyncio.to_thread(trainer.persist, samples, offsets)
                 await producer.send(WEIGHTS, announcement, "policy")
                 await consumer.commit({TopicPartition(topic, p): o for p, o in offsets.items()})
+                PENDING.set(len(pending.samples))
                 _report(trainer, stats, samples)
                 steps_this_run += 1
                 if tc.max_steps and steps_this_run >= tc.max_steps:

@@ -68,5 +68,5 @@ def test_bad_namespace_and_bad_config_are_clear_errors() -> None:
 
 
 def test_parts_not_built_yet_say_so() -> None:
-    out = turnstream("run")
+    out = turnstream("replay")
     assert out.returncode == 2 and "not built yet" in out.stderr

@@ -1,0 +1,164 @@
+"""``turnstream run``: the whole pipeline on this machine, on the embedded defaults.
+
+Local Kafka and Redis (``scripts/``; or the configured ones with ``run.local_infra = false``), all topics, the
+default model (fetched and converted if needed), a CPU policy engine and a separate engine with the fixed starting
+weights for the judge and teacher, then the proxy, pairer, judge (rules backend by default), teacher, dispatcher
+and trainer. Each service logs to ``<run_dir>/<name>.log``; the terminal shows live progress (also written to
+``<run_dir>/status.json``). Ctrl-C or SIGTERM stops every service cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import msgspec
+
+from services.config import Config
+from services.model_store import cache_dir
+from services.run.plan import plan
+from services.run.progress import Progress, scrape
+from services.run.supervisor import StartupFailed, Supervisor, tail
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def start_local_infra(config: Config) -> None:
+    """Kafka and Redis from scripts/ on the ports the configuration names (left running afterwards)."""
+    kafka_port = config.kafka.bootstrap.split(",")[0].rsplit(":", 1)[-1]
+    redis_port = str(urlparse(config.redis.url).port or 6379)
+    for script, env in (("kafka.sh", {"KAFKA_PORT": kafka_port}), ("redis.sh", {"REDIS_PORT": redis_port})):
+        subprocess.run(
+            ["bash", str(REPO / "scripts" / script), "start"], check=True, env={**os.environ, **env}
+        )
+
+
+def _write_status(path: Path, progress: Progress) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(msgspec.json.encode({"time": time.time(), **msgspec.to_builtins(progress)}))
+    os.replace(tmp, path)
+
+
+def _banner(config: Config, run_dir: Path) -> str:
+    url = f"http://127.0.0.1:{config.proxy.port}/v1"
+    return f"""
+turnstream is running. OpenAI-compatible API: {url}  (model "policy"; send X-Session-Id to group a conversation)
+
+  curl -s {url}/chat/completions -H 'content-type: application/json' -H 'X-Session-Id: demo' \\
+       -d '{{"messages": [{{"role": "user", "content": "Hi!"}}], "max_tokens": 32}}'
+
+  from openai import OpenAI
+  client = OpenAI(base_url="{url}", api_key="unused")
+  client.chat.completions.create(model="policy", messages=[...], extra_headers={{"X-Session-Id": "demo"}})
+
+Logs: {run_dir}/<service>.log   Status: {run_dir}/status.json   Ctrl-C stops everything.
+"""
+
+
+async def run_pipeline(
+    config: Config,
+    config_path: str | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+    install_signals: bool = True,
+) -> int:
+    """Returns 0 after a requested stop, 1 if a service failed to start or died."""
+    from services.model_store import fetch_smollm2
+    from services.topics import create_topics
+
+    rc = config.run
+    stop = stop or asyncio.Event()
+    if install_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    run_dir = Path(rc.run_dir) if rc.run_dir else cache_dir() / "run" / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if rc.local_infra:
+        _say("starting local Kafka and Redis (scripts/kafka.sh, scripts/redis.sh)")
+        await asyncio.to_thread(start_local_infra, config)
+    await create_topics(config.kafka)
+    model = config.trainer.hf_checkpoint or str(await asyncio.to_thread(fetch_smollm2))
+    services = plan(config, model, config_path)
+    supervisor = Supervisor(services, run_dir, rc.startup_timeout_s)
+    _say(f"starting {', '.join(s.name for s in services)} (logs in {run_dir})")
+    code = 0
+    starting = asyncio.create_task(asyncio.to_thread(supervisor.start))
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # stopped during startup
+            supervisor.abort.set()
+            await asyncio.gather(starting, return_exceptions=True)
+            return 0
+        try:
+            starting.result()
+        except StartupFailed as exc:
+            _say(f"turnstream run: {exc}")
+            return 1
+        _say(_banner(config, run_dir))
+        await _watch(config, supervisor, run_dir, stop)
+        if supervisor.dead():
+            code = 1
+    finally:
+        stopping.cancel()
+        _say("stopping the services (Kafka and Redis keep running: make services-down)")
+        codes = await asyncio.to_thread(supervisor.stop)
+        killed = [name for name, c in codes if c is None]
+        if killed:
+            _say(f"had to kill: {', '.join(killed)}")
+    return code
+
+
+async def _watch(config: Config, supervisor: Supervisor, run_dir: Path, stop: asyncio.Event) -> None:
+    """Live progress until stopped or a service dies."""
+    ports = {s.name: s.port for s in supervisor.services if s.ready_path == "/metrics"}
+    ports["proxy"] = config.proxy.port
+    status = run_dir / "status.json"
+    tty = sys.stderr.isatty()
+    last_line = ""
+    last_print = 0.0
+    async with httpx.AsyncClient() as http:
+        while not stop.is_set():
+            dead = supervisor.dead()
+            if dead:
+                for name, rc in dead:
+                    _say(f"turnstream run: {name} exited with {rc}; last lines of its log:\n"
+                         f"{tail(supervisor.log_path(name))}")  # fmt: skip
+                return
+            progress = await scrape(http, ports, config.trainer.rollout_batch_size)
+            _write_status(status, progress)
+            line = progress.line()
+            now = time.monotonic()
+            if tty:
+                sys.stderr.write("\r\x1b[2K" + line[: os.get_terminal_size(2).columns - 1])
+                sys.stderr.flush()
+            elif line != last_line or now - last_print > 60:
+                _say(line)
+                last_print = now
+            last_line = line
+            try:
+                await asyncio.wait_for(stop.wait(), 2.0)
+            except TimeoutError:
+                pass
+    if tty:
+        sys.stderr.write("\n")
+
+
+def status(run_dir: str | Path) -> dict[str, object]:
+    """The last progress snapshot of a run (``<run_dir>/status.json``)."""
+    return json.loads((Path(run_dir) / "status.json").read_text())  # type: ignore[no-any-return]

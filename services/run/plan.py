@@ -1,0 +1,75 @@
+"""What ``turnstream run`` starts, in which order, on which ports: a pure function of the configuration, so the
+layout can be checked without starting anything. Every process binds to loopback."""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.config import Config
+
+
+class Service(msgspec.Struct, frozen=True):
+    name: str
+    args: list[str]
+    """Arguments of ``python -m services.cli``."""
+    env: dict[str, str]
+    port: int
+    """Where readiness and /metrics are served."""
+    ready_path: str
+    stage: int
+    """Services of one stage start together; a stage starts once the previous one is ready."""
+
+
+def plan(config: Config, model: str, config_path: str | None = None) -> list[Service]:
+    """The pipeline on one machine: two engines (policy, and a fixed judge/teacher one), then the proxy and the
+    workers. ``model`` is the policy's Hugging Face folder (also the teacher's fixed weights and the trainer's
+    start)."""
+    rc = config.run
+    base = ["--config", config_path] if config_path else []
+    engine_url = f"http://127.0.0.1:{rc.engine_port}"
+    teacher_url = f"http://127.0.0.1:{rc.teacher_engine_port}"
+    metrics = {
+        name: rc.metrics_port_base + i
+        for i, name in enumerate(("pairer", "judge", "teacher", "dispatcher", "trainer"))
+    }
+
+    def engine(name: str, port: int, served: str) -> Service:
+        args = [
+            "engine",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            served,
+        ]
+        return Service(name, base + args, {}, port, "/health", 0)
+
+    def worker(name: str, args: list[str], env: dict[str, str] | None = None) -> Service:
+        port = metrics[name]
+        return Service(
+            name, base + args, {"TURNSTREAM_METRICS_PORT": str(port), **(env or {})}, port, "/metrics", 2
+        )
+
+    judge_args = ["judge", "--backend", rc.judge_backend]
+    if rc.judge_backend == "engine":
+        judge_args += ["--engine-url", teacher_url]
+    return [
+        engine("engine", rc.engine_port, "policy"),
+        engine("teacher-engine", rc.teacher_engine_port, "teacher"),
+        Service(
+            "proxy",
+            [*base, "proxy", "--host", "127.0.0.1", "--engine-url", engine_url],
+            {},
+            config.proxy.port,
+            "/healthz",
+            1,
+        ),
+        worker("pairer", ["pairer"]),
+        worker("judge", judge_args),
+        worker("teacher", ["teacher", "--engine-url", teacher_url]),
+        worker("dispatcher", ["dispatcher"]),
+        worker("trainer", ["trainer", "--hf-checkpoint", model]),
+    ]

@@ -1,0 +1,59 @@
+"""What ``turnstream run`` starts: order, ports, loopback binds, which engine each worker talks to."""
+
+from __future__ import annotations
+
+from services.config import load_config
+from services.run.plan import plan
+
+
+def test_default_plan_starts_engines_then_proxy_then_workers_on_loopback() -> None:
+    config = load_config(env={})
+    services = plan(config, "/models/smollm2", "/etc/turnstream.toml")
+    names = [s.name for s in services]
+    assert names == [
+        "engine",
+        "teacher-engine",
+        "proxy",
+        "pairer",
+        "judge",
+        "teacher",
+        "dispatcher",
+        "trainer",
+    ]
+    assert [s.stage for s in services] == [0, 0, 1, 2, 2, 2, 2, 2]
+    ports = [s.port for s in services]
+    assert (
+        len(set(ports)) == len(ports)
+        and ports[:3] == [30000, 30002, 8000]
+        and ports[3:] == list(range(9101, 9106))
+    )
+    by = {s.name: s for s in services}
+    for s in services:
+        assert s.args[:2] == ["--config", "/etc/turnstream.toml"]  # every service reads the same config file
+        if "--host" in s.args:
+            assert s.args[s.args.index("--host") + 1] == "127.0.0.1"
+    assert "--host" in by["engine"].args and "--host" in by["proxy"].args
+    assert by["proxy"].args[-2:] == ["--engine-url", "http://127.0.0.1:30000"]
+    assert by["teacher"].args[-2:] == [
+        "--engine-url",
+        "http://127.0.0.1:30002",
+    ]  # fixed weights, never reloaded
+    assert by["judge"].args[-2:] == ["--backend", "rules"]
+    assert by["trainer"].args[-2:] == ["--hf-checkpoint", "/models/smollm2"]
+    assert by["dispatcher"].env == {"TURNSTREAM_METRICS_PORT": "9104"}
+    assert by["engine"].ready_path == "/health" and by["proxy"].ready_path == "/healthz"
+
+
+def test_engine_judge_and_ports_follow_the_configuration() -> None:
+    config = load_config(
+        env={
+            "TURNSTREAM_RUN_JUDGE_BACKEND": "engine",
+            "TURNSTREAM_RUN_ENGINE_PORT": "31000",
+            "TURNSTREAM_RUN_METRICS_PORT_BASE": "9500",
+            "TURNSTREAM_PROXY_PORT": "8100",
+        }
+    )
+    by = {s.name: s for s in plan(config, "/m")}
+    assert by["judge"].args == ["judge", "--backend", "engine", "--engine-url", "http://127.0.0.1:30002"]
+    assert by["proxy"].args[-1] == "http://127.0.0.1:31000" and by["proxy"].port == 8100
+    assert by["trainer"].port == 9504 and by["engine"].args[0] == "engine"

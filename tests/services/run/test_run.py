@@ -1,0 +1,109 @@
+"""``turnstream run`` for real: every service starts (two CPU engines, proxy, pairer, judge, teacher, dispatcher,
+trainer), turns sent through the proxy show up in the live progress, and SIGTERM stops every process cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import psutil
+import pytest
+
+from services.config import KafkaConfig, RedisConfig, load_config
+from services.launch import free_port, free_port_block
+from services.run.plan import plan
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def wait_status(
+    run_dir: Path, proc: subprocess.Popen[bytes], ok: object, timeout: float
+) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    status: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (run_dir / "run.out").read_text()[-3000:]
+        try:
+            status = json.loads((run_dir / "status.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            status = {}
+        if status and ok(status):  # type: ignore[operator]
+            return status
+        time.sleep(0.5)
+    raise AssertionError(f"status never satisfied the test: {status}")
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_run_starts_the_pipeline_shows_progress_and_leaves_no_process_behind(
+    kafka: KafkaConfig, redis_config: RedisConfig, smollm2_path: Path, tmp_path: Path, how: str
+) -> None:
+    """SIGTERM: a clean stop, exit code 0. SIGKILL of ``turnstream run`` itself: the kernel sends each service
+    SIGTERM (parent-death signal), so none is orphaned either way."""
+    run_dir = tmp_path / "run"
+    proxy_port = free_port()
+    env = {
+        **os.environ,
+        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        "TURNSTREAM_REDIS_URL": redis_config.url,
+        "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
+        "TURNSTREAM_RUN_ENGINE_PORT": str(free_port()),
+        "TURNSTREAM_RUN_TEACHER_ENGINE_PORT": str(free_port()),
+        "TURNSTREAM_RUN_METRICS_PORT_BASE": str(free_port_block(5)),
+        "TURNSTREAM_PROXY_PORT": str(proxy_port),
+        "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
+        "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
+        "TURNSTREAM_TRAINER_OUTPUT_DIR": str(tmp_path / "weights"),
+        "TURNSTREAM_TRAINER_HF_CHECKPOINT": str(smollm2_path),
+        "TURNSTREAM_LOGGING_FORMAT": "text",
+    }
+    run_dir.mkdir()
+    with open(run_dir / "run.out", "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "run", "--no-local-infra", "--run-dir", str(run_dir)],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_status(run_dir, proc, lambda s: s["down"] == [], timeout=400)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 8  # the eight services (torch may add helpers)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key="unused")
+        for question in ("What is 2+2?", "And 3+3?", "Thanks!"):
+            client.chat.completions.create(
+                model="policy",
+                messages=[{"role": "user", "content": question}],
+                max_tokens=8,
+                extra_headers={"X-Session-Id": "run-test"},
+            )
+        status = wait_status(run_dir, proc, lambda s: s["turns"] >= 3 and s["paired"] >= 2, timeout=120)
+        assert status["judgments"] >= 1 or status["paired"] >= 2
+        assert "turns 3" in (run_dir / "run.out").read_text()  # the live line, written for a non-terminal
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 0
+        else:
+            proc.kill()
+            proc.wait()
+        deadline = time.monotonic() + 60
+        while True:
+            alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert alive == [], f"orphaned: {alive}"
+        names = [s.name for s in plan(load_config(env={}), str(smollm2_path))]
+        assert all((run_dir / f"{name}.log").exists() for name in names)  # one log per service
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
