@@ -65,6 +65,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--judge-backend", choices=["engine", "rules"], help="default: run.judge_backend (rules)"
     )
+    run.add_argument(
+        "--simulate", type=int, metavar="N", help="also drive N simulated users (default: run.simulate, 0)"
+    )
+
+    sim = sub.add_parser("simulate", help="simulated users with learnable preferences, through the proxy")
+    sim.add_argument("--proxy-url", help="default: http://127.0.0.1:<proxy.port>/v1")
+    sim.add_argument("--users", type=int, default=2, help="concurrent users (default 2)")
+    sim.add_argument("--sessions", type=int, help="sessions in all (default: until Ctrl-C)")
+    sim.add_argument("--turns", type=int, default=3, help="judged turns per session (default 3)")
+    sim.add_argument("--personas", help="comma-separated (default: all: plain-short, sign-off)")
+    sim.add_argument("--max-tokens", type=int, default=64)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--out", help="summary.json, observations.jsonl, learning.png (default: <cache>/simulate/<time>)"
+    )
 
     sub.add_parser("pairer", help="pairs each turn with its next state (turns -> turns.paired)")
 
@@ -177,6 +192,38 @@ def _proxy(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate(config: Config, args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from services.model_store import cache_dir
+    from services.simulate.driver import run_simulate
+    from services.simulate.personas import by_name
+
+    try:
+        personas = by_name(args.personas)
+    except ValueError as exc:
+        print(f"turnstream simulate: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else cache_dir() / "simulate" / time.strftime("%Y%m%d-%H%M%S")
+    summary = asyncio.run(
+        run_simulate(
+            args.proxy_url or f"http://127.0.0.1:{config.proxy.port}/v1",
+            personas,
+            users=args.users,
+            sessions=args.sessions,
+            out_dir=out,
+            turns=args.turns,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            api_key=config.proxy.api_key,
+            metrics_port=config.metrics.port,
+        )
+    )
+    print(msgspec.json.format(msgspec.json.encode(summary)).decode())
+    return 0
+
+
 def _override(config: Config, section: str, values: dict[str, object]) -> Config:
     """``config`` with the command-line flags that were given, validated like the config file's values."""
     given = {k: v for k, v in values.items() if v is not None}
@@ -236,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _engine(args)
     if args.command == "proxy":
         return _proxy(config, args)
+    if args.command == "simulate":
+        return _simulate(config, args)
     if args.command == "run":
         from services.run.main import run_pipeline
 
@@ -247,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "run_dir": args.run_dir,
                     "local_infra": args.local_infra,
                     "judge_backend": args.judge_backend,
+                    "simulate": args.simulate,
                 },
             )
         except ConfigError as exc:

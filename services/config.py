@@ -219,6 +219,8 @@ class RunConfig(_Section):
     run_dir: str = ""
     """Where each service's log goes; empty: ``<cache>/run/<timestamp>``."""
     startup_timeout_s: PositiveFloat = 300.0
+    simulate: NonNegInt = 0
+    """Simulated users to drive through the proxy (``turnstream simulate``); 0: none."""
 
 
 class MetricsConfig(_Section):

@@ -93,7 +93,7 @@ async def run_pipeline(
         await asyncio.to_thread(start_local_infra, config)
     await create_topics(config.kafka)
     model = config.trainer.hf_checkpoint or str(await asyncio.to_thread(fetch_smollm2))
-    services = plan(config, model, config_path)
+    services = plan(config, model, config_path, str(run_dir))
     supervisor = Supervisor(services, run_dir, rc.startup_timeout_s)
     _say(f"starting {', '.join(s.name for s in services)} (logs in {run_dir})")
     code = 0

@@ -3,6 +3,8 @@ layout can be checked without starting anything. Every process binds to loopback
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 
 from services.config import Config
@@ -20,7 +22,9 @@ class Service(msgspec.Struct, frozen=True):
     """Services of one stage start together; a stage starts once the previous one is ready."""
 
 
-def plan(config: Config, model: str, config_path: str | None = None) -> list[Service]:
+def plan(
+    config: Config, model: str, config_path: str | None = None, run_dir: str | None = None
+) -> list[Service]:
     """The pipeline on one machine: two engines (policy, and a fixed judge/teacher one), then the proxy and the
     workers. ``model`` is the policy's Hugging Face folder (also the teacher's fixed weights and the trainer's
     start)."""
@@ -30,7 +34,7 @@ def plan(config: Config, model: str, config_path: str | None = None) -> list[Ser
     teacher_url = f"http://127.0.0.1:{rc.teacher_engine_port}"
     metrics = {
         name: rc.metrics_port_base + i
-        for i, name in enumerate(("pairer", "judge", "teacher", "dispatcher", "trainer"))
+        for i, name in enumerate(("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate"))
     }
 
     def engine(name: str, port: int, served: str) -> Service:
@@ -47,16 +51,14 @@ def plan(config: Config, model: str, config_path: str | None = None) -> list[Ser
         ]
         return Service(name, base + args, {}, port, "/health", 0)
 
-    def worker(name: str, args: list[str], env: dict[str, str] | None = None) -> Service:
+    def worker(name: str, args: list[str], stage: int = 2) -> Service:
         port = metrics[name]
-        return Service(
-            name, base + args, {"TURNSTREAM_METRICS_PORT": str(port), **(env or {})}, port, "/metrics", 2
-        )
+        return Service(name, base + args, {"TURNSTREAM_METRICS_PORT": str(port)}, port, "/metrics", stage)
 
     judge_args = ["judge", "--backend", rc.judge_backend]
     if rc.judge_backend == "engine":
         judge_args += ["--engine-url", teacher_url]
-    return [
+    services = [
         engine("engine", rc.engine_port, "policy"),
         engine("teacher-engine", rc.teacher_engine_port, "teacher"),
         Service(
@@ -73,3 +75,9 @@ def plan(config: Config, model: str, config_path: str | None = None) -> list[Ser
         worker("dispatcher", ["dispatcher"]),
         worker("trainer", ["trainer", "--hf-checkpoint", model]),
     ]
+    if rc.simulate:  # after everything else is up: users arrive once the pipeline can learn from them
+        proxy_url = f"http://127.0.0.1:{config.proxy.port}/v1"
+        out = str(Path(run_dir or ".") / "simulation")
+        args = ["simulate", "--users", str(rc.simulate), "--proxy-url", proxy_url, "--out", out]
+        services.append(worker("simulate", args, stage=3))
+    return services

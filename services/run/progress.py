@@ -30,6 +30,10 @@ class Progress(msgspec.Struct):
     """Weight version the engine serves (as the proxy's reloader saw it load)."""
     reward_mean: dict[str, float] = msgspec.field(default_factory=dict)
     """Mean reward of the last step's samples, by kind."""
+    simulated: int = 0
+    """Responses the simulated users saw."""
+    preference_met: float | None = None
+    """Share of those that met the user's preference (all versions)."""
     down: list[str] = msgspec.field(default_factory=list)
     """Services whose /metrics did not answer."""
 
@@ -41,6 +45,8 @@ class Progress(msgspec.Struct):
             f" | samples {samples} | batch {self.batch_fill}/{self.batch_size} | steps {self.steps}"
             f" | weights v{self.version} (serving v{self.serving_version}) | reward {reward}"
         )
+        if self.simulated:
+            text += f" | simulated {self.simulated}, preference met {100 * (self.preference_met or 0):.0f}%"
         if self.spool_pending:
             text += f" | spooled {self.spool_pending}"
         if self.down:
@@ -82,6 +88,8 @@ async def scrape(http: httpx.AsyncClient, ports: dict[str, int], batch_size: int
             continue
         for metric, values in _samples(r.text).items():
             metrics.setdefault(metric, {}).update(values)
+    met = _by(metrics, "turnstream_simulate_responses_total", "met")
+    simulated = int(sum(met.values()))
     return Progress(
         turns=_total(metrics, "turnstream_proxy_turns_published_total"),
         spool_pending=_total(metrics, "turnstream_proxy_spool_pending"),
@@ -95,5 +103,7 @@ async def scrape(http: httpx.AsyncClient, ports: dict[str, int], batch_size: int
         version=_total(metrics, "turnstream_trainer_version"),
         serving_version=_total(metrics, "turnstream_proxy_weight_version"),
         reward_mean=_by(metrics, "turnstream_trainer_reward_mean", "kind"),
+        simulated=simulated,
+        preference_met=met.get("true", 0.0) / simulated if simulated else None,
         down=down,
     )

@@ -15,6 +15,8 @@ import openai
 import psutil
 import pytest
 
+from schemas.topics import TURNS
+from services.bus import read_topic
 from services.config import KafkaConfig, RedisConfig, load_config
 from services.launch import free_port, free_port_block
 from services.run.plan import plan
@@ -40,14 +42,17 @@ def wait_status(
     raise AssertionError(f"status never satisfied the test: {status}")
 
 
-@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
-def test_run_starts_the_pipeline_shows_progress_and_leaves_no_process_behind(
-    kafka: KafkaConfig, redis_config: RedisConfig, smollm2_path: Path, tmp_path: Path, how: str
-) -> None:
-    """SIGTERM: a clean stop, exit code 0. SIGKILL of ``turnstream run`` itself: the kernel sends each service
-    SIGTERM (parent-death signal), so none is orphaned either way."""
-    run_dir = tmp_path / "run"
-    proxy_port = free_port()
+def start_run(
+    kafka: KafkaConfig,
+    redis_config: RedisConfig,
+    model: Path,
+    tmp_path: Path,
+    run_dir: Path,
+    proxy_port: int,
+    *extra: str,
+    **settings: str,
+) -> subprocess.Popen[bytes]:
+    """``turnstream run`` against the test broker and Redis, every port and folder its own."""
     env = {
         **os.environ,
         "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
@@ -56,23 +61,44 @@ def test_run_starts_the_pipeline_shows_progress_and_leaves_no_process_behind(
         "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
         "TURNSTREAM_RUN_ENGINE_PORT": str(free_port()),
         "TURNSTREAM_RUN_TEACHER_ENGINE_PORT": str(free_port()),
-        "TURNSTREAM_RUN_METRICS_PORT_BASE": str(free_port_block(5)),
+        "TURNSTREAM_RUN_METRICS_PORT_BASE": str(free_port_block(6)),
         "TURNSTREAM_PROXY_PORT": str(proxy_port),
         "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
         "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
         "TURNSTREAM_TRAINER_OUTPUT_DIR": str(tmp_path / "weights"),
-        "TURNSTREAM_TRAINER_HF_CHECKPOINT": str(smollm2_path),
+        "TURNSTREAM_TRAINER_HF_CHECKPOINT": str(model),
         "TURNSTREAM_LOGGING_FORMAT": "text",
+        **settings,
     }
     run_dir.mkdir()
     with open(run_dir / "run.out", "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "run", "--no-local-infra", "--run-dir", str(run_dir)],
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "run",
+                "--no-local-infra",
+                "--run-dir",
+                str(run_dir),
+                *extra,
+            ],
             env=env,
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_run_starts_the_pipeline_shows_progress_and_leaves_no_process_behind(
+    kafka: KafkaConfig, redis_config: RedisConfig, smollm2_path: Path, tmp_path: Path, how: str
+) -> None:
+    """SIGTERM: a clean stop, exit code 0. SIGKILL of ``turnstream run`` itself: the kernel sends each service
+    SIGTERM (parent-death signal), so none is orphaned either way."""
+    run_dir = tmp_path / "run"
+    proxy_port = free_port()
+    proc = start_run(kafka, redis_config, smollm2_path, tmp_path, run_dir, proxy_port)
     try:
         wait_status(run_dir, proc, lambda s: s["down"] == [], timeout=400)
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -107,3 +133,34 @@ def test_run_starts_the_pipeline_shows_progress_and_leaves_no_process_behind(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_simulated_users_see_the_policy_learn_new_versions(
+    kafka: KafkaConfig, redis_config: RedisConfig, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """The short CI version of the learning run: ``turnstream run --simulate 2`` with batches of 4 samples. At
+    least two weight versions are published and loaded by the policy engine, and later turns carry the newer
+    version, in what the simulated users saw and in the recorded turns."""
+    run_dir = tmp_path / "run"
+    proc = start_run(
+        kafka, redis_config, smollm2_path, tmp_path, run_dir, free_port(), "--simulate", "2",
+        TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE="4",
+    )  # fmt: skip
+    try:
+        status = wait_status(run_dir, proc, lambda s: s["serving_version"] >= 2, timeout=600)
+        seen = status["simulated"]
+        wait_status(run_dir, proc, lambda s: s["simulated"] >= seen + 2, timeout=300)  # type: ignore[operator]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = (run_dir / "simulation" / "observations.jsonl").read_text().splitlines()
+    versions = [json.loads(line)["weight_version"] for line in lines]
+    assert versions[0] == 0 and max(versions) >= 2 and versions[-1] >= 2, versions
+    summary = json.loads((run_dir / "simulation" / "summary.json").read_text())
+    assert summary["first"]["weight_version"] == 0 and summary["responses"] == len(lines)
+    assert (run_dir / "simulation" / "learning.png").read_bytes()[:4] == b"\x89PNG"
+    recorded = [r.event.weight_version async for r in read_topic(kafka, TURNS)]
+    assert min(recorded) == 0 and max(recorded) >= 2

@@ -1,0 +1,66 @@
+"""Simulated users with a stated preference that a small model can learn, and the way they react: a correction
+(which the judges read as a failed turn with a hindsight hint) when the preference is violated, thanks when it is
+met. The texts are written so that the deterministic rules judge classifies them the way an LLM judge would."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+
+_MARKDOWN = re.compile(r"(\*\*|__|`|^\s{0,3}#|^\s*[-*+]\s|^\s*\d+[.)]\s)", re.M)
+SIGN_OFF = "Cheers!"
+
+
+@dataclass(frozen=True)
+class Persona:
+    name: str
+    preference: str
+    correction: str
+    thanks: str
+    satisfied: Callable[[str], bool]
+
+
+def _plain_and_short(text: str, max_words: int = 30) -> bool:
+    return len(text.split()) <= max_words and not _MARKDOWN.search(text)
+
+
+def _signs_off(text: str) -> bool:
+    return text.rstrip().endswith(SIGN_OFF)
+
+
+PERSONAS: tuple[Persona, ...] = (
+    Persona(
+        name="plain-short",
+        preference="short plain-text answers (at most 30 words) without markdown",
+        correction="No, that is too long. Please answer in one or two short sentences of plain text, no markdown.",
+        thanks="Thanks, that is exactly what I wanted.",
+        satisfied=_plain_and_short,
+    ),
+    Persona(
+        name="sign-off",
+        preference=f"answers that end with the sign-off '{SIGN_OFF}'",
+        correction=f"No, you forgot the sign-off. Please end every answer with the word {SIGN_OFF}",
+        thanks="Thanks, perfect.",
+        satisfied=_signs_off,
+    ),
+)
+
+
+def by_name(names: str | None) -> tuple[Persona, ...]:
+    """Personas named in a comma-separated list (all of them for None or empty)."""
+    if not names:
+        return PERSONAS
+    known = {p.name: p for p in PERSONAS}
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ValueError(f"unknown persona(s) {unknown}; known: {sorted(known)}")
+    return tuple(known[n] for n in wanted)
+
+
+def questions() -> list[str]:
+    """The bundled question set (one per line)."""
+    text = resources.files("services.simulate").joinpath("questions.txt").read_text()
+    return [line.strip() for line in text.splitlines() if line.strip()]
