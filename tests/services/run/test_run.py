@@ -135,6 +135,14 @@ def test_run_starts_the_pipeline_shows_progress_and_leaves_no_process_behind(
             proc.wait()
 
 
+def seen_versions(observations: Path) -> list[int]:
+    try:
+        lines = observations.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line)["weight_version"] for line in lines if line.endswith("}")]
+
+
 async def test_simulated_users_see_the_policy_learn_new_versions(
     kafka: KafkaConfig, redis_config: RedisConfig, smollm2_path: Path, tmp_path: Path
 ) -> None:
@@ -147,20 +155,21 @@ async def test_simulated_users_see_the_policy_learn_new_versions(
         TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE="4",
     )  # fmt: skip
     try:
-        status = wait_status(run_dir, proc, lambda s: s["serving_version"] >= 2, timeout=600)
-        seen = status["simulated"]
-        wait_status(run_dir, proc, lambda s: s["simulated"] >= seen + 2, timeout=300)  # type: ignore[operator]
+        wait_status(run_dir, proc, lambda s: s["serving_version"] >= 2, timeout=600)
+        # Requests in flight while the engine loaded v2 were still answered by v1: wait until a simulated user
+        # has seen v2 (observations are rewritten every 30 s).
+        observations = run_dir / "simulation" / "observations.jsonl"
+        wait_status(run_dir, proc, lambda s: max(seen_versions(observations), default=0) >= 2, timeout=300)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    lines = (run_dir / "simulation" / "observations.jsonl").read_text().splitlines()
-    versions = [json.loads(line)["weight_version"] for line in lines]
-    assert versions[0] == 0 and max(versions) >= 2 and versions[-1] >= 2, versions
+    versions = seen_versions(run_dir / "simulation" / "observations.jsonl")
+    assert versions[0] == 0 and max(versions) >= 2, versions
     summary = json.loads((run_dir / "simulation" / "summary.json").read_text())
-    assert summary["first"]["weight_version"] == 0 and summary["responses"] == len(lines)
+    assert summary["first"]["weight_version"] == 0 and summary["responses"] == len(versions)
     assert (run_dir / "simulation" / "learning.png").read_bytes()[:4] == b"\x89PNG"
     recorded = [r.event.weight_version async for r in read_topic(kafka, TURNS)]
     assert min(recorded) == 0 and max(recorded) >= 2
