@@ -261,6 +261,9 @@ def _worker(config: Config, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from services.launch import die_with_parent_from_env
+
+    die_with_parent_from_env()
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config)

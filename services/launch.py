@@ -13,15 +13,23 @@ from typing import IO
 
 import httpx
 
+PARENT_ENV = "TURNSTREAM_DIE_WITH_PARENT"
 
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the parent dies, even by SIGKILL, so no service outlives
-    the ``turnstream run`` that started it."""
+
+def die_with_parent_from_env() -> None:
+    """Called first thing in a service started with ``die_with_parent``: ask the kernel (Linux) for SIGTERM when the
+    parent dies, even by SIGKILL, so no service outlives the ``turnstream run`` that started it. Done in the child
+    after exec rather than in a ``preexec_fn``, which is unsafe in a process with threads."""
+    expected = os.environ.pop(PARENT_ENV, None)
+    if not expected or not sys.platform.startswith("linux"):
+        return
     import ctypes
     import signal
 
     pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != int(expected):  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -67,10 +75,14 @@ class ServiceProcess:
         self._devnull = None if log is not None else open(os.devnull, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.cli", *args],
-            env={**os.environ, "TURNSTREAM_LOGGING_FORMAT": "text", **(env or {})},
+            env={
+                **os.environ,
+                "TURNSTREAM_LOGGING_FORMAT": "text",
+                **(env or {}),
+                **({PARENT_ENV: str(os.getpid())} if die_with_parent else {}),
+            },
             stdout=log or self._devnull,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if die_with_parent else None,
         )
         self.startup_timeout_s = startup_timeout_s
         if wait:
