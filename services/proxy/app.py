@@ -37,8 +37,7 @@ REQUESTS = Counter("turnstream_proxy_requests_total", "Chat requests", ["turn_ty
 LATENCY = Histogram("turnstream_proxy_request_seconds", "Time to the complete response", ["stream"])
 
 # The hot path's label children, looked up once.
-_OK = {(main, stream): REQUESTS.labels("main" if main else "side", str(stream).lower(), "200")
-       for main in (True, False) for stream in (True, False)}  # fmt: skip
+_OK = {turn_type: REQUESTS.labels(turn_type, "false", "200") for turn_type in ("main", "side")}
 _LATENCY = {stream: LATENCY.labels(str(stream).lower()) for stream in (True, False)}
 
 _json_decoder = msgspec.json.Decoder()
@@ -277,7 +276,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
                 data = await state.engine.chat_raw(forward)
         except EngineError as exc:
             return engine_failure(exc, session.turn_type, "false", headers)
-        _OK[session.turn_type == "main", False].inc()
+        _OK[session.turn_type].inc()
         _LATENCY[False].observe(time.time() - created)
         if not main:
             return Response(raw, media_type="application/json", headers=headers)

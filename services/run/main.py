@@ -10,7 +10,6 @@ and trainer. Each service logs to ``<run_dir>/<name>.log``; the terminal shows l
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -157,8 +156,3 @@ async def _watch(config: Config, supervisor: Supervisor, run_dir: Path, stop: as
                 pass
     if tty:
         sys.stderr.write("\n")
-
-
-def status(run_dir: str | Path) -> dict[str, object]:
-    """The last progress snapshot of a run (``<run_dir>/status.json``)."""
-    return json.loads((Path(run_dir) / "status.json").read_text())  # type: ignore[no-any-return]

@@ -281,12 +281,13 @@ def forward_logits(
     model: Any, input_ids: Tensor, attention_mask: Tensor | None = None, vocab_size: int | None = None
 ) -> Tensor:
     """``[B, S]`` ids (right-padded) -> ``[B, S, V]`` logits, cut to ``vocab_size`` where the vocab was padded
-    for tensor parallelism. On a pipeline stage other than the last: that stage's ``[S, B, H]`` hidden states."""
+    for tensor parallelism. On a pipeline stage other than the last: that stage's ``[S, B, H]`` hidden states
+    (pass no ``vocab_size`` there)."""
     b, s = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
     out = model(input_ids, position_ids, causal_padding_mask(attention_mask))
-    if vocab_size is not None and out.shape[:2] == (b, s) and out.shape[-1] > vocab_size:
+    if vocab_size is not None and out.shape[-1] > vocab_size:
         out = out[..., :vocab_size]
     return out

@@ -104,7 +104,10 @@ class Policy:
         return cls(spec, module, ddp, optimizer, config, layout, reference)
 
     def forward(self, model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return forward_logits(model, tokens, attention_mask, self.spec.vocab_size)
+        vocab = (
+            self.spec.vocab_size if self.layout.last_stage else None
+        )  # earlier stages return hidden states
+        return forward_logits(model, tokens, attention_mask, vocab)
 
     def train(self, samples: list[Sample]) -> StepStats:
         """One step; a collective: every rank of the layout calls it with the same batch."""
