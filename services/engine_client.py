@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from services.http_pool import LeanPool
+from services.http_pool import LeanPool, request_head
 
 _hot: httpx.AsyncBaseTransport | None = None
 
@@ -159,6 +159,7 @@ class EngineClient:
         self._timeouts = self.timeout.as_dict()
         self._json_headers = httpx.Headers({**self.headers, "content-type": "application/json"})
         self._plain_headers = httpx.Headers(self.headers)
+        self._heads: dict[tuple[str, str, bool], tuple[tuple[str, str, int], bytes]] = {}
         self.retries = retries
         self.backoff_s = backoff_s
         self._client = client
@@ -184,17 +185,32 @@ class EngineClient:
             extensions={"timeout": self._timeouts},
         )
 
+    async def _exchange(self, method: str, path: str, body: Any) -> tuple[int, bytes]:
+        """One request, its status and whole body. On the shared lean pool without httpx's request and response
+        objects (the proxy's hot path); through the given client's transport otherwise."""
+        if self._client is not None:
+            resp = await self._client._transport.handle_async_request(self._build(method, path, body))
+            try:
+                return resp.status_code, await resp.aread()
+            finally:
+                await resp.aclose()
+        head_key = (method, path, body is not None)
+        head = self._heads.get(head_key)
+        if head is None:
+            headers = dict(self.headers)
+            if body is not None:
+                headers["content-type"] = "application/json"
+            head = self._heads[head_key] = request_head(method, httpx.URL(self.base_url + path), headers)
+        content = b"" if body is None else msgspec.json.encode(body)
+        return await hot_path_transport().fetch(head[0], head[1], content, self._timeouts)
+
     async def _send(self, method: str, path: str, body: Any = None, *, idempotent: bool) -> bytes:
         """The response body of a successful call. Retries with exponential backoff and full jitter: any call
         that never reached the engine, idempotent ones also after timeouts, transport errors, 5xx and 429."""
         attempt = 0
         while True:
             try:
-                resp = await self.transport.handle_async_request(self._build(method, path, body))
-                try:
-                    raw = await resp.aread()
-                finally:
-                    await resp.aclose()
+                status, raw = await self._exchange(method, path, body)
             except httpx.TimeoutException as exc:
                 err: EngineError = EngineTimeout(f"{method} {path} timed out: {exc!r}", retryable=idempotent)
             except httpx.ConnectError as exc:  # never reached the engine: safe to retry anything
@@ -204,12 +220,10 @@ class EngineClient:
             except httpx.TransportError as exc:
                 err = EngineError(f"{method} {path} failed: {exc!r}", retryable=idempotent)
             else:
-                if resp.status_code < 400:
+                if status < 400:
                     return raw
-                retryable = idempotent and (resp.status_code >= 500 or resp.status_code == 429)
-                err = EngineError(
-                    f"{method} {path}: {resp.status_code} {_error_text(raw)}", resp.status_code, retryable
-                )
+                retryable = idempotent and (status >= 500 or status == 429)
+                err = EngineError(f"{method} {path}: {status} {_error_text(raw)}", status, retryable)
             if not err.retryable or attempt >= self.retries:
                 raise err
             delay = self.backoff_s * (2**attempt)

@@ -124,13 +124,16 @@ class _Connection(asyncio.Protocol):
         self._notify()
 
     async def wait(self, read_timeout: float | None) -> None:
-        self._wake = asyncio.get_running_loop().create_future()
+        # A timer on the loop instead of wait_for, which costs a task and a timeout context on every wait.
+        loop = asyncio.get_running_loop()
+        self._wake = wake = loop.create_future()
+        timer = None if read_timeout is None else loop.call_later(read_timeout, _expire, wake, read_timeout)
         try:
-            await asyncio.wait_for(self._wake, read_timeout)
-        except TimeoutError:
-            raise httpx.ReadTimeout(f"no data from the server within {read_timeout} s") from None
+            await wake
         finally:
             self._wake = None
+            if timer is not None:
+                timer.cancel()
 
     def send(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
@@ -162,6 +165,20 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+
+def _expire(wake: asyncio.Future[None], read_timeout: float) -> None:
+    if not wake.done():
+        wake.set_exception(httpx.ReadTimeout(f"no data from the server within {read_timeout} s"))
+
+
+def request_head(method: str, url: httpx.URL, headers: dict[str, str]) -> tuple[_Key, bytes]:
+    """The pool key and the request head up to (not including) Content-Length, for ``LeanPool.fetch``: built
+    once per endpoint by its callers."""
+    key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+    lines = [f"{method} ".encode() + url.raw_path + b" HTTP/1.1\r\n", b"host: " + url.netloc + b"\r\n"]
+    lines += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items()]
+    return key, b"".join(lines)
 
 
 class _Body(httpx.AsyncByteStream):
@@ -267,6 +284,39 @@ class LeanPool(httpx.AsyncBaseTransport):
                 stream=_Body(self, conn, timeouts.get("read")),
                 extensions={"http_version": b"HTTP/1.1"},
             )
+        raise httpx.RemoteProtocolError("the server closed two connections in a row without answering")
+
+    async def fetch(self, key: _Key, head: bytes, body: bytes, timeouts: dict[str, Any]) -> tuple[int, bytes]:
+        """Status and whole body of one request (``head`` from ``request_head``), without httpx's request and
+        response objects, whose construction and body iteration cost more CPU than the exchange itself. Same
+        connections, retry of a stale reused one, timeouts and httpx exceptions as ``handle_async_request``."""
+        head += b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
+        read_timeout = timeouts.get("read")
+        for _ in range(2):
+            conn = self._take(key) or await self._connect(key, timeouts.get("connect"))
+            conn.send(head, body)
+            parts: list[bytes] = []
+            try:
+                while True:
+                    chunk = (
+                        conn.take_chunk()
+                    )  # taken as it comes: a large body must not stall on backpressure
+                    if chunk is not None:
+                        parts.append(chunk)
+                    elif conn.complete:
+                        break
+                    elif conn.error is not None:
+                        raise conn.error
+                    else:
+                        await conn.wait(read_timeout)
+            except _StaleConnection:
+                continue
+            except BaseException:
+                conn.close()
+                raise
+            status = conn.status
+            self._release(conn)
+            return status, b"".join(parts)
         raise httpx.RemoteProtocolError("the server closed two connections in a row without answering")
 
     async def aclose(self) -> None:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from services.engine.launch import free_port
-from services.http_pool import LeanPool
+from services.http_pool import LeanPool, request_head
 
 
 async def serve(port: int, close_every: int = 0) -> tuple[asyncio.AbstractServer, list[int]]:
@@ -53,54 +53,69 @@ async def serve(port: int, close_every: int = 0) -> tuple[asyncio.AbstractServer
     return server, accepted
 
 
-async def post(pool: LeanPool, url: str, body: bytes) -> bytes:
-    resp = await pool.handle_async_request(httpx.Request("POST", url, content=body))
+@pytest.fixture(params=["httpx", "fetch"])
+def via(request: pytest.FixtureRequest) -> str:
+    """Both ways through the pool: httpx's request/response objects, and ``fetch`` (the proxy's hot path)."""
+    return str(request.param)
+
+
+async def post(via: str, pool: LeanPool, url: str, body: bytes, timeout: float = 5.0) -> bytes:
+    timeouts = httpx.Timeout(timeout).as_dict()
+    if via == "fetch":
+        key, head = request_head("POST", httpx.URL(url), {"content-type": "application/octet-stream"})
+        status, raw = await pool.fetch(key, head, body, timeouts)
+        assert status == 200
+        return raw
+    resp = await pool.handle_async_request(
+        httpx.Request("POST", url, content=body, extensions={"timeout": timeouts})
+    )
     try:
         return await resp.aread()
     finally:
         await resp.aclose()
 
 
-async def test_sequential_requests_reuse_one_connection() -> None:
+async def test_sequential_requests_reuse_one_connection(via: str) -> None:
     port = free_port()
     server, accepted = await serve(port)
     pool = LeanPool()
     try:
         for i in range(20):
             assert (
-                await post(pool, f"http://127.0.0.1:{port}/x", f"hello {i}".encode()) == f"hello {i}".encode()
+                await post(via, pool, f"http://127.0.0.1:{port}/x", f"hello {i}".encode())
+                == f"hello {i}".encode()
             )
         assert len(accepted) == 1
         # Concurrent requests open what they need and give them back for reuse.
         bodies = await asyncio.gather(
-            *(post(pool, f"http://127.0.0.1:{port}/x", b"%d" % i) for i in range(16))
+            *(post(via, pool, f"http://127.0.0.1:{port}/x", b"%d" % i) for i in range(16))
         )
         assert sorted(bodies) == sorted(b"%d" % i for i in range(16))
         opened = len(accepted)
-        await asyncio.gather(*(post(pool, f"http://127.0.0.1:{port}/x", b"again") for _ in range(16)))
+        await asyncio.gather(*(post(via, pool, f"http://127.0.0.1:{port}/x", b"again") for _ in range(16)))
         assert len(accepted) == opened, "the second wave reused the first wave's connections"
     finally:
         await pool.aclose()
         server.close()
 
 
-async def test_connections_the_server_closes_are_replaced() -> None:
+async def test_connections_the_server_closes_are_replaced(via: str) -> None:
     port = free_port()
     server, accepted = await serve(port, close_every=3)
     pool = LeanPool()
     try:
         for i in range(10):
-            assert await post(pool, f"http://127.0.0.1:{port}/x", b"%d" % i) == b"%d" % i
+            assert await post(via, pool, f"http://127.0.0.1:{port}/x", b"%d" % i) == b"%d" % i
         assert len(accepted) == 4  # requests 1-3, 4-6, 7-9, 10
     finally:
         await pool.aclose()
         server.close()
 
 
-async def test_unreachable_server_raises_httpx_connect_error() -> None:
+async def test_unreachable_server_raises_httpx_connect_error(via: str) -> None:
     pool = LeanPool()
     with pytest.raises(httpx.ConnectError):
-        await post(pool, f"http://127.0.0.1:{free_port()}/x", b"x")
+        await post(via, pool, f"http://127.0.0.1:{free_port()}/x", b"x")
     await pool.aclose()
 
 
@@ -145,7 +160,7 @@ async def test_chunked_body_streams_chunk_by_chunk() -> None:
         server.close()
 
 
-async def test_body_until_close_and_read_timeout() -> None:
+async def test_body_until_close_and_read_timeout(via: str) -> None:
     port = free_port()
 
     async def respond(writer: asyncio.StreamWriter) -> None:
@@ -156,7 +171,9 @@ async def test_body_until_close_and_read_timeout() -> None:
     server = await raw_server(port, respond)
     pool = LeanPool()
     try:
-        assert await post(pool, f"http://127.0.0.1:{port}/x", b"") == b"no length, ends with the connection"
+        assert (
+            await post(via, pool, f"http://127.0.0.1:{port}/x", b"") == b"no length, ends with the connection"
+        )
     finally:
         server.close()
 
@@ -166,18 +183,15 @@ async def test_body_until_close_and_read_timeout() -> None:
         await asyncio.sleep(3600)
 
     silent = await raw_server(silent_port, never)
-    timeout = httpx.Timeout(0.3).as_dict()
     try:
         with pytest.raises(httpx.ReadTimeout):
-            await pool.handle_async_request(
-                httpx.Request("GET", f"http://127.0.0.1:{silent_port}/", extensions={"timeout": timeout})
-            )
+            await post(via, pool, f"http://127.0.0.1:{silent_port}/", b"", timeout=0.3)
     finally:
         await pool.aclose()
         silent.close()
 
 
-async def test_malformed_response_and_mid_body_disconnect_raise_httpx_errors() -> None:
+async def test_malformed_response_and_mid_body_disconnect_raise_httpx_errors(via: str) -> None:
     port = free_port()
 
     async def garbage(writer: asyncio.StreamWriter) -> None:
@@ -188,7 +202,7 @@ async def test_malformed_response_and_mid_body_disconnect_raise_httpx_errors() -
     pool = LeanPool()
     try:
         with pytest.raises(httpx.RemoteProtocolError):
-            await post(pool, f"http://127.0.0.1:{port}/x", b"")
+            await post(via, pool, f"http://127.0.0.1:{port}/x", b"")
     finally:
         server.close()
 
@@ -202,13 +216,13 @@ async def test_malformed_response_and_mid_body_disconnect_raise_httpx_errors() -
     cut_server = await raw_server(cut_port, cut)
     try:
         with pytest.raises(httpx.ReadError):
-            await post(pool, f"http://127.0.0.1:{cut_port}/x", b"")
+            await post(via, pool, f"http://127.0.0.1:{cut_port}/x", b"")
     finally:
         await pool.aclose()
         cut_server.close()
 
 
-async def test_reused_connection_closed_before_answering_is_retried_on_a_new_one() -> None:
+async def test_reused_connection_closed_before_answering_is_retried_on_a_new_one(via: str) -> None:
     """The server closes a kept-alive connection just as the next request goes out (its idle timeout racing the
     client): nothing was answered, so the pool sends the request again on a fresh connection."""
     port = free_port()
@@ -233,9 +247,23 @@ async def test_reused_connection_closed_before_answering_is_retried_on_a_new_one
     server = await asyncio.start_server(handle, "127.0.0.1", port)
     pool = LeanPool()
     try:
-        assert await post(pool, f"http://127.0.0.1:{port}/x", b"") == b"ok"
-        assert await post(pool, f"http://127.0.0.1:{port}/x", b"") == b"ok"
+        assert await post(via, pool, f"http://127.0.0.1:{port}/x", b"") == b"ok"
+        assert await post(via, pool, f"http://127.0.0.1:{port}/x", b"") == b"ok"
         assert len(conns) == 2
+    finally:
+        await pool.aclose()
+        server.close()
+
+
+async def test_a_body_larger_than_the_backpressure_limit_arrives_whole(via: str) -> None:
+    """Reading pauses while more than 1 MiB waits unread; a reader that takes the whole body must not stall."""
+    port = free_port()
+    server, _ = await serve(port)
+    pool = LeanPool()
+    big = bytes(range(256)) * (3 * 4096 + 7)  # ~3 MiB
+    try:
+        assert await post(via, pool, f"http://127.0.0.1:{port}/x", big) == big
+        assert await post(via, pool, f"http://127.0.0.1:{port}/x", b"after") == b"after"
     finally:
         await pool.aclose()
         server.close()
