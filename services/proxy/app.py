@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -29,6 +28,7 @@ from services.engine_client import (
 )
 from services.proxy.recorder import TurnRecorder
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
+from services.proxy.turn_numbers import TurnNumbers
 from services.proxy.turns import DROPPED, Completion, UnrecordableTurn, build_turn
 
 log = logging.getLogger("turnstream.proxy")
@@ -89,7 +89,7 @@ class BadInput(Exception):
 class ProxyState:
     config: Config
     engine: EngineClient
-    redis: aioredis.Redis
+    turn_numbers: TurnNumbers
     recorder: TurnRecorder
     weight_version: int = 0
     """The last version the reloader saw the engine load (fallback when an engine reports none)."""
@@ -133,7 +133,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
+def create_app(config: Config, state: ProxyState | None = None) -> Any:
     """A plain Starlette app: the proxy's hot path has no use for FastAPI's validation layer."""
     pc = config.proxy
     api_key = pc.api_key.encode() if pc.api_key else None
@@ -152,7 +152,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
             if state.tasks:
                 await asyncio.gather(*state.tasks, return_exceptions=True)
             await state.recorder.stop()
-            await state.redis.aclose()
+            await state.turn_numbers.aclose()
             await close_engine_pool()
 
     def authorized(request: Request) -> bool:
@@ -165,9 +165,8 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
     async def next_turn_index(session_id: str) -> int | None:
         assert state is not None
         try:
-            key = f"{config.redis.key_prefix}turns:{session_id}"
             async with asyncio.timeout(pc.redis_timeout_ms / 1000):  # no extra task, unlike wait_for
-                return int(await state.redis.incr(key))
+                return await state.turn_numbers.next(session_id)
         except Exception as exc:  # Redis trouble must not fail the user's request
             log.warning(
                 "turn numbering unavailable; the turn will not be recorded", extra={"error": repr(exc)}
@@ -407,7 +406,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
         log.exception("unexpected error")
         return openai_error(500, "internal error in the proxy", "internal_error")
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
@@ -417,6 +416,28 @@ def create_app(config: Config, state: ProxyState | None = None) -> Starlette:
         lifespan=_lifespan,
         exception_handlers={Exception: _unexpected},
     )
+    return _ChatFirst(app, chat)
+
+
+class _ChatFirst:
+    """``POST /v1/chat/completions`` straight to its handler, past Starlette's router, its two exception
+    middlewares and their send wrappers (measured: a tenth of the proxy's CPU per request). Everything else, the
+    lifespan included, goes through the Starlette app, which also routes chat (for its 405 and tests)."""
+
+    def __init__(self, app: Starlette, chat: Any) -> None:
+        self.app = app
+        self.chat = chat
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await self.chat(Request(scope, receive))
+        except Exception:
+            log.exception("unexpected error")
+            response = openai_error(500, "internal error in the proxy", "internal_error")
+        await response(scope, receive, send)
 
 
 def _strip(data: dict[str, Any], wants: dict[str, bool]) -> None:
@@ -447,7 +468,10 @@ async def build_state(config: Config) -> ProxyState:
     recorder = TurnRecorder(config.kafka, spool_dir, linger_s=pc.spool_linger_ms / 1000)
     await recorder.start()
     state = ProxyState(
-        config=config, engine=engine, redis=aioredis.from_url(config.redis.url), recorder=recorder
+        config=config,
+        engine=engine,
+        turn_numbers=TurnNumbers(config.redis.url, config.redis.key_prefix),
+        recorder=recorder,
     )
     if pc.tokenizer_path:
         from services.proxy.retokenize import Retokenizer

@@ -1,0 +1,123 @@
+"""Turn numbering against the real Redis server: replicas agree, AUTH/SELECT from the URL, errors surface, a lost
+connection is replaced, and a reply whose caller gave up does not shift the next caller's number."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from urllib.parse import urlsplit
+
+import pytest
+import redis.asyncio as aioredis
+
+from services.config import RedisConfig
+from services.engine.launch import free_port
+from services.proxy.turn_numbers import RedisReplyError, TurnNumbers
+
+pytestmark = pytest.mark.integration
+
+
+async def test_two_replicas_number_one_session_without_gaps_or_repeats(
+    redis_config: RedisConfig, redis_client: aioredis.Redis
+) -> None:
+    replicas = [TurnNumbers(redis_config.url, redis_config.key_prefix) for _ in range(2)]
+    try:
+        numbers = await asyncio.gather(*(replicas[i % 2].next("s1") for i in range(200)))
+        assert sorted(numbers) == list(range(1, 201))
+        assert await replicas[1].next("other") == 1
+        # The same key redis-py would use: what the proxy always stored.
+        assert int(await redis_client.get(f"{redis_config.key_prefix}turns:s1")) == 200
+    finally:
+        await asyncio.gather(*(r.aclose() for r in replicas))
+
+
+async def test_error_replies_raise_and_keep_the_order(
+    redis_config: RedisConfig, redis_client: aioredis.Redis
+) -> None:
+    await redis_client.set(f"{redis_config.key_prefix}turns:text", "not a number")
+    numbers = TurnNumbers(redis_config.url, redis_config.key_prefix)
+    try:
+        results = await asyncio.gather(
+            numbers.next("a"), numbers.next("text"), numbers.next("a"), return_exceptions=True
+        )
+        assert results[0] == 1 and results[2] == 2
+        assert isinstance(results[1], RedisReplyError) and "integer" in str(results[1])
+    finally:
+        await numbers.aclose()
+
+
+async def test_a_killed_connection_fails_its_callers_and_the_next_call_reconnects(
+    redis_config: RedisConfig, redis_client: aioredis.Redis
+) -> None:
+    numbers = TurnNumbers(redis_config.url, redis_config.key_prefix)
+    try:
+        assert await numbers.next("k") == 1
+        conn = numbers._conn
+        assert conn is not None and conn.transport is not None
+        host, port = conn.transport.get_extra_info("sockname")[:2]
+        assert await redis_client.client_kill(f"{host}:{port}")
+        await asyncio.sleep(0.2)
+        assert conn.lost
+        assert await numbers.next("k") == 2
+        assert numbers._conn is not conn
+    finally:
+        await numbers.aclose()
+
+
+async def test_user_password_and_db_from_the_url(
+    redis_config: RedisConfig, redis_client: aioredis.Redis
+) -> None:
+    user, password = f"ts-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    await redis_client.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"]
+    )
+    parts = urlsplit(redis_config.url)
+    base = f"redis://{user}:{{password}}@{parts.hostname}:{parts.port}/3"
+    numbers = TurnNumbers(base.format(password=password), redis_config.key_prefix)
+    wrong = TurnNumbers(base.format(password="wrong"), redis_config.key_prefix)
+    db3 = aioredis.from_url(f"redis://{parts.hostname}:{parts.port}/3")
+    key = f"{redis_config.key_prefix}turns:authed"
+    try:
+        assert await numbers.next("authed") == 1
+        assert await redis_client.get(key) is None  # not in db 0
+        assert int(await db3.get(key)) == 1
+        with pytest.raises(RedisReplyError):
+            await wrong.next("authed")
+    finally:
+        await db3.delete(key)
+        await db3.aclose()
+        await redis_client.acl_deluser(user)
+        await asyncio.gather(numbers.aclose(), wrong.aclose())
+
+
+async def test_a_reply_that_came_too_late_is_not_given_to_the_next_caller() -> None:
+    """A RESP server that answers slowly, in order (as Redis does): the caller that timed out loses its number;
+    the next caller gets its own reply, not the late one."""
+    port = free_port()
+    counter = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal counter
+        try:
+            while True:
+                await reader.readuntil(b"INCR\r\n")
+                await reader.readline()
+                await reader.readline()
+                counter += 1
+                if counter == 1:
+                    await asyncio.sleep(0.3)
+                writer.write(b":%d\r\n" % counter)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    numbers = TurnNumbers(f"redis://127.0.0.1:{port}/0", "p:")
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await numbers.next("s")
+        assert await numbers.next("s") == 2
+    finally:
+        await numbers.aclose()
+        server.close()
