@@ -118,7 +118,7 @@ class TurnRecorder:
         backoff = 0.2
         while True:
             if self.spool.pending == 0:
-                if self._closing:
+                if self._closing and self._tasks[0].done():  # the writer has spooled its last turns too
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wrote.wait(), 1.0)
