@@ -172,6 +172,12 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("partitions assigned", extra={"group": self.owner.group_id, "partitions": len(assigned)})
 
 
+def consumer_group(kafka: KafkaConfig, group_id: str) -> str:
+    """The Kafka group id for ``group_id`` in ``kafka.namespace``: a replay's consumers must never join (and so
+    rebalance, or share offsets with) the live pipeline's groups."""
+    return kafka.namespace + group_id if kafka.namespace else group_id
+
+
 class EventConsumer:
     """Batch consumer of contract events with manual commits and dead-lettering.
 
@@ -179,6 +185,12 @@ class EventConsumer:
     awaits ``handler`` on the good ones, then commits. A failing handler is retried from the same offsets with
     backoff. ``request_stop()`` (wired to SIGTERM/SIGINT by ``install_signal_handlers``) lets the in-flight batch
     finish and commit before the consumer leaves its group.
+
+    ``group=False`` reads every partition without a consumer group (no heartbeats, nothing committed, starting
+    from ``start_from`` each time): for followers such as the weight reloader, where every process must see every
+    record. ``fetch_max_wait_ms`` is how long the broker holds an empty fetch (records still return at once),
+    ``poll_timeout_ms`` how long a poll waits and ``background_poll_ms`` how often aiokafka's fetch routine wakes
+    without news: followers of rare records raise all three and cost almost nothing idle.
     """
 
     def __init__(
@@ -192,9 +204,15 @@ class EventConsumer:
         max_batch: int | None = None,
         deadletter: EventProducer | None = None,
         client_id: str | None = None,
+        group: bool = True,
+        fetch_max_wait_ms: int = 500,
+        poll_timeout_ms: int | None = None,
+        background_poll_ms: int = 200,
     ) -> None:
         self.kafka = kafka
         self.group_id = group_id
+        self.group = group
+        self.poll_timeout_ms = poll_timeout_ms or kafka.poll_timeout_ms
         self.specs = {spec.name(kafka.namespace): spec for spec in specs}
         self.max_batch = max_batch or kafka.max_batch
         self._own_deadletter = deadletter is None
@@ -202,8 +220,10 @@ class EventConsumer:
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=kafka.bootstrap,
             client_id=client_id or kafka.client_id,
-            group_id=group_id,
+            group_id=consumer_group(kafka, group_id) if group else None,
             enable_auto_commit=False,
+            fetch_max_wait_ms=fetch_max_wait_ms,
+            consumer_timeout_ms=background_poll_ms,
             auto_offset_reset="latest" if start_from == "latest" else "earliest",
             isolation_level=isolation_level,
             max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
@@ -224,7 +244,10 @@ class EventConsumer:
         if self._own_deadletter:
             await self._deadletter.start()
         await self._consumer.start()
-        self._consumer.subscribe(list(self.specs), listener=_Rebalance(self))
+        if self.group:
+            self._consumer.subscribe(list(self.specs), listener=_Rebalance(self))
+        else:
+            self._consumer.subscribe(list(self.specs))
         self._started = True
 
     async def stop(self) -> None:
@@ -268,6 +291,15 @@ class EventConsumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
 
+    async def behind(self) -> bool:
+        """Whether the log already holds records past this consumer's position on any assigned partition (a
+        backlog, a replay). Unknown (no fetch answered yet) counts as behind."""
+        for tp in self._consumer.assignment():
+            highwater = self._consumer.highwater(tp)
+            if highwater is None or await self._consumer.position(tp) < highwater:
+                return True
+        return False
+
     # consumption ----------------------------------------------------------------------------------------------
 
     async def run(self, handler: Handler, *, idle: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -276,7 +308,7 @@ class EventConsumer:
         while not self._stop.is_set():
             try:
                 batch = await self._consumer.getmany(
-                    timeout_ms=self.kafka.poll_timeout_ms, max_records=self.max_batch
+                    timeout_ms=self.poll_timeout_ms, max_records=self.max_batch
                 )
             except KafkaError as exc:
                 log.warning("poll failed, retrying", extra={"error": repr(exc)})
@@ -326,7 +358,8 @@ class EventConsumer:
         for tp, records in batch.items():
             CONSUMED.labels(tp.topic, self.group_id).inc(len(records))
         offsets = {tp: OffsetAndMetadata(records[-1].offset + 1, "") for tp, records in batch.items()}
-        await self._consumer.commit(offsets)
+        if self.group:
+            await self._consumer.commit(offsets)
         for tp, om in offsets.items():
             hw = self._consumer.highwater(tp)
             if hw is not None:

@@ -145,10 +145,11 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
 
     async def _shutdown() -> None:
         if state is not None:
-            if state.reloader is not None and state.reloader_task is not None:
-                state.reloader.stop()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(state.reloader_task, 10)
+            if (
+                state.reloader_task is not None
+            ):  # a follower without a group: nothing to finish, so no waiting
+                state.reloader_task.cancel()
+                await asyncio.gather(state.reloader_task, return_exceptions=True)
             if state.tasks:
                 await asyncio.gather(*state.tasks, return_exceptions=True)
             await state.recorder.stop()

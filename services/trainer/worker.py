@@ -23,7 +23,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import DecodeError, Sample, WeightsPublished, decode
 from schemas.topics import MAX_MESSAGE_BYTES, SAMPLES, WEIGHTS
-from services.bus import EventProducer, _security, topic_partitions
+from services.bus import EventProducer, _security, consumer_group, topic_partitions
 from services.config import Config
 from services.metrics import serve_metrics
 from services.trainer.checkpoints import CheckpointMeta, TrainerStore
@@ -211,7 +211,7 @@ async def run_trainer(
     consumer = AIOKafkaConsumer(
         bootstrap_servers=kafka.bootstrap,
         client_id=f"{kafka.client_id}-trainer",
-        group_id=tc.group_id,
+        group_id=consumer_group(kafka, tc.group_id),
         enable_auto_commit=False,
         isolation_level="read_committed",
         auto_offset_reset="earliest",

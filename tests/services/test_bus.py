@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer
 
 from schemas import DeadLetter, Turn, decode, encode, spec_for
 from schemas.topics import ALL_TOPICS, DEADLETTER, TURNS, WEIGHTS
-from services.bus import EventConsumer, EventProducer, Record, read_topic
+from services.bus import EventConsumer, EventProducer, Record, consumer_group, read_topic
 from services.config import KafkaConfig
 from tests.strategies import example_events, example_turn
 
@@ -301,7 +301,9 @@ async def test_sigterm_finishes_the_in_flight_batch_and_commits(kafka: KafkaConf
 async def committed_offsets(kafka: KafkaConfig, group: str) -> dict[int, int]:
     from aiokafka import TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka.bootstrap, group_id=consumer_group(kafka, group), enable_auto_commit=False
+    )
     await consumer.start()
     try:
         topic = TURNS.name(kafka.namespace)
@@ -352,3 +354,10 @@ async def test_handler_can_dead_letter_a_record_it_cannot_process(kafka: KafkaCo
     assert len(letters) == 1
     assert letters[0].error_kind == "processing"
     assert decode(letters[0].payload, Turn).session_id == "sess1"
+
+
+def test_consumer_groups_live_in_the_namespace() -> None:
+    """A replay into namespace ``r.`` runs the same services with the same group ids: they must form groups of
+    their own, never join (and rebalance) the live ones."""
+    assert consumer_group(KafkaConfig(namespace=""), "turnstream-pairer") == "turnstream-pairer"
+    assert consumer_group(KafkaConfig(namespace="r1."), "turnstream-pairer") == "r1.turnstream-pairer"
