@@ -7,7 +7,8 @@ and a session idle longer than ``pairer.idle_timeout_s``, get a terminal pairing
 
 State (the last turn of each open session) lives in Redis and is rebuilt by replaying ``turns``. Idle decisions
 use event time when a later turn arrives (so a replay pairs exactly as live operation did) and wall-clock time
-in the periodic sweep.
+in the periodic sweep, which waits while the pairer is behind: a backlog (a replay, a restart after downtime)
+may still hold the next turn of a session that looks idle by the clock.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
@@ -71,8 +73,15 @@ def next_state(prev: Turn, following: Turn) -> tuple[list[Message], bool]:
 
 
 class Pairer:
-    def __init__(self, config: Config, redis: aioredis.Redis, producer: EventProducer) -> None:
+    def __init__(
+        self,
+        config: Config,
+        redis: aioredis.Redis,
+        producer: EventProducer,
+        behind: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         self.config = config
+        self.behind = behind
         self.redis = redis
         self.producer = producer
         self.timeout = config.pairer.idle_timeout_s
@@ -144,6 +153,9 @@ class Pairer:
     async def maybe_sweep(self) -> None:
         now = time.time()
         if now - self._last_sweep >= self.config.pairer.sweep_interval_s:
+            if self.behind is not None and await self.behind():
+                SKIPPED.labels("sweep_while_behind").inc()
+                return
             self._last_sweep = now
             await self.sweep(now)
 
@@ -157,7 +169,7 @@ async def run_pairer(
     producer = EventProducer(config.kafka, client_id=f"{config.kafka.client_id}-pairer")
     await producer.start()
     consumer = EventConsumer(config.kafka, [TURNS], config.pairer.group_id, deadletter=producer)
-    pairer = Pairer(config, redis, producer)
+    pairer = Pairer(config, redis, producer, behind=consumer.behind)
     log.info(
         "pairer running",
         extra={"group": config.pairer.group_id, "idle_timeout_s": config.pairer.idle_timeout_s},

@@ -127,3 +127,28 @@ async def test_pairing_live_and_replayed(pairer_config: Config, kafka: KafkaConf
     )
     replayed = await pair_all(replay_config, expect=8)
     assert sorted(map(summary, replayed)) == sorted(map(summary, live))
+
+
+async def test_a_backlog_of_old_turns_is_paired_before_any_idle_sweep(
+    pairer_config: Config, kafka: KafkaConfig
+) -> None:
+    """Turns recorded a day ago, read as a backlog (a replay, a pairer back after downtime): by the clock every
+    session looks idle, but the sweep must wait until the pairer has caught up, or it closes sessions whose next
+    turn it simply has not read yet. Every first turn gets its next state; only the last turns end idle."""
+    day_ago = time.time() - 86400
+    sessions = [f"old{i}" for i in range(60)]
+    first = [turn(s, 1, [U], Message(role="assistant", content="a"), day_ago) for s in sessions]
+    follow = [Message(role="assistant", content="a"), Message(role="user", content="more")]
+    second = [turn(s, 2, [U, *follow], Message(role="assistant", content="b"), day_ago + 1) for s in sessions]
+    async with EventProducer(kafka) as producer:
+        for t in first + second:  # all first turns before any second turn: a wide window for a wrong sweep
+            await producer.send(TURNS, t, t.session_id)
+    small_polls = msgspec.structs.replace(
+        pairer_config, kafka=msgspec.structs.replace(kafka, max_batch=4)
+    )  # many polls, each followed by a sweep check (every 0.2 s)
+    paired = await pair_all(small_polls, expect=120)
+    by = {(p.turn_id, p.terminal_reason): p for p in paired}
+    assert len(paired) == 120, [summary(p) for p in paired if p.terminal_reason]
+    for s in sessions:
+        assert by[(f"{s}:1", None)].next_state == [follow[1]]
+        assert (f"{s}:2", "idle_timeout") in by
