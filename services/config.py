@@ -129,6 +129,11 @@ class JudgeConfig(_Section):
     """Paired turns per consumer batch; small enough that a batch finishes well inside Kafka's poll interval."""
     api_key: str | None = None
 
+    @property
+    def group_id(self) -> str:
+        """Each judge id is a consumer group of its own: a second judge group sees every paired turn."""
+        return f"turnstream-judge-{self.judge_id}"
+
 
 class TeacherConfig(_Section):
     engine_url: str = "http://127.0.0.1:30002"

@@ -1,6 +1,7 @@
-"""Starts the planned services stage by stage, notices one that dies, and stops them all: SIGTERM in reverse
-order (each service finishes its step and commits its offsets), SIGKILL for any still running after 30 s.
-Children also get SIGTERM from the kernel if the supervisor itself dies, so none is orphaned."""
+"""Starts planned services (``turnstream run``'s pipeline, a replay's stages) stage by stage, notices one that
+dies, and stops them all: SIGTERM in reverse order (each service finishes its step and commits its offsets),
+SIGKILL for any still running after 30 s. Children also get SIGTERM from the kernel if the supervisor itself dies,
+so none is orphaned."""
 
 from __future__ import annotations
 
@@ -8,8 +9,21 @@ import threading
 from pathlib import Path
 from typing import IO
 
+import msgspec
+
 from services.launch import ServiceProcess
-from services.run.plan import Service
+
+
+class Service(msgspec.Struct, frozen=True):
+    name: str
+    args: list[str]
+    """Arguments of ``python -m services.cli``."""
+    env: dict[str, str]
+    port: int
+    """Where readiness and /metrics are served."""
+    ready_path: str
+    stage: int
+    """Services of one stage start together; a stage starts once the previous one is ready."""
 
 
 class StartupFailed(RuntimeError):

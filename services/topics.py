@@ -129,3 +129,32 @@ async def _describe_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dic
             name, entries = resource[3], resource[4]
             out[name] = {e[0]: e[1] for e in entries if e[0] in wanted}
     return out
+
+
+async def group_lag(kafka: KafkaConfig, groups: dict[str, tuple[TopicSpec, ...]]) -> dict[str, int]:
+    """Records each consumer group (in ``kafka.namespace``) has yet to commit, over all partitions of its topics:
+    0 means it has finished everything written so far. A group that never committed owes every record kept."""
+    from aiokafka import AIOKafkaConsumer
+
+    from services.bus import consumer_group, topic_partitions
+
+    admin = _admin(kafka)
+    reader = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=None, **_security(kafka))
+    await admin.start()
+    await reader.start()
+    try:
+        lag: dict[str, int] = {}
+        for group, specs in groups.items():
+            tps = [tp for spec in specs for tp in await topic_partitions(reader, spec.name(kafka.namespace))]
+            end = await reader.end_offsets(tps)
+            start = await reader.beginning_offsets(tps)
+            done = await admin.list_consumer_group_offsets(consumer_group(kafka, group), partitions=tps)
+            total = 0
+            for tp in tps:
+                committed = done[tp].offset if tp in done and done[tp].offset >= 0 else start[tp]
+                total += max(end[tp] - max(committed, start[tp]), 0)
+            lag[group] = total
+        return lag
+    finally:
+        await reader.stop()
+        await admin.close()

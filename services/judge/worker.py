@@ -183,10 +183,6 @@ def make_backend(config: Config) -> Backend:
     )
 
 
-def group_id(judge_id: str) -> str:
-    return f"turnstream-judge-{judge_id}"
-
-
 async def run_judge(
     config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
 ) -> None:
@@ -200,7 +196,7 @@ async def run_judge(
     producer = EventProducer(config.kafka, client_id=f"{config.kafka.client_id}-judge-{jc.judge_id}")
     await producer.start()
     consumer = EventConsumer(
-        config.kafka, [TURNS_PAIRED], group_id(jc.judge_id), deadletter=producer, max_batch=jc.max_batch
+        config.kafka, [TURNS_PAIRED], jc.group_id, deadletter=producer, max_batch=jc.max_batch
     )
     judge = Judge(
         jc.judge_id,

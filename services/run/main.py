@@ -25,7 +25,7 @@ from services.config import Config
 from services.model_store import cache_dir
 from services.run.plan import plan
 from services.run.progress import Progress, scrape
-from services.run.supervisor import StartupFailed, Supervisor, tail
+from services.supervisor import StartupFailed, Supervisor, tail
 
 REPO = Path(__file__).resolve().parents[2]
 

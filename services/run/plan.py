@@ -5,21 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import msgspec
-
 from services.config import Config
-
-
-class Service(msgspec.Struct, frozen=True):
-    name: str
-    args: list[str]
-    """Arguments of ``python -m services.cli``."""
-    env: dict[str, str]
-    port: int
-    """Where readiness and /metrics are served."""
-    ready_path: str
-    stage: int
-    """Services of one stage start together; a stage starts once the previous one is ready."""
+from services.supervisor import Service
 
 
 def plan(
