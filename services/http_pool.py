@@ -42,6 +42,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self.idle_since = time.monotonic()
+        self.loop = asyncio.get_running_loop()
         self._reset()
 
     def _reset(self) -> None:
@@ -215,8 +216,13 @@ class LeanPool(httpx.AsyncBaseTransport):
     def _take(self, key: _Key) -> _Connection | None:
         idle = self._idle.get(key)
         now = time.monotonic()
+        loop = asyncio.get_running_loop()
         while idle:
             conn = idle.pop()
+            # A connection of an earlier event loop of this process (asyncio.run twice) is unusable; closing it
+            # would need that loop, so it is left to the collector.
+            if conn.loop is not loop:
+                continue
             if conn.closed or conn.transport is None or conn.transport.is_closing():
                 continue
             if now - conn.idle_since > self.keepalive_expiry_s:

@@ -112,3 +112,19 @@ def perturbed_weights(smollm2_path: Path, tmp_path_factory: pytest.TempPathFacto
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(smollm2_path).save_pretrained(out)
     return out
+
+
+@pytest.fixture
+def proxy_env(
+    kafka: KafkaConfig, redis_config: RedisConfig, engine: EngineProcess, tmp_path: Path
+) -> dict[str, str]:
+    """What ``turnstream proxy`` needs to serve from the CPU engine and record into the test's namespace."""
+    return {
+        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        "TURNSTREAM_REDIS_URL": redis_config.url,
+        "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
+        "TURNSTREAM_ENGINE_URL": engine.url,
+        "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
+        "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
+    }

@@ -267,3 +267,34 @@ async def test_a_body_larger_than_the_backpressure_limit_arrives_whole(via: str)
     finally:
         await pool.aclose()
         server.close()
+
+
+def test_connections_of_an_earlier_event_loop_are_not_reused() -> None:
+    """One pool per process, but a CLI may run several event loops one after another (asyncio.run twice): a
+    kept-alive connection of the closed loop must be left alone, not handed out. The server lives in a thread of
+    its own, so the connection stays open across the two loops."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Echo(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/x"
+    pool = LeanPool()
+    try:
+        assert asyncio.run(post("fetch", pool, url, b"one")) == b"one"
+        assert asyncio.run(post("fetch", pool, url, b"two")) == b"two"
+    finally:
+        server.shutdown()

@@ -67,6 +67,9 @@ def test_bad_namespace_and_bad_config_are_clear_errors() -> None:
     assert "Traceback" not in out.stderr
 
 
-def test_parts_not_built_yet_say_so() -> None:
+def test_replay_says_what_is_wrong_with_its_arguments() -> None:
     out = turnstream("replay")
-    assert out.returncode == 2 and "not built yet" in out.stderr
+    assert out.returncode == 2 and "derive,drive,export,import" in out.stderr
+    out = turnstream("replay", "derive", "--into", "r1", "--since", "yesterday-ish")
+    assert out.returncode == 2 and "neither ISO 8601 nor seconds" in out.stderr
+    assert "Traceback" not in out.stderr

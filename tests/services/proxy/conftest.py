@@ -8,8 +8,7 @@ import pytest
 
 from schemas import PairedTurn, Turn
 from schemas.topics import TURNS, TURNS_PAIRED
-from services.config import Config, KafkaConfig, RedisConfig
-from services.engine.launch import EngineProcess
+from services.config import Config, KafkaConfig
 from services.launch import ServiceProcess, free_port
 from tests.kafka_wait import wait_for_events
 
@@ -34,21 +33,6 @@ class ProxyProcess(ServiceProcess):
     def stop(self) -> None:
         super().stop()
         self.logfile.close()
-
-
-@pytest.fixture
-def proxy_env(
-    kafka: KafkaConfig, redis_config: RedisConfig, engine: EngineProcess, tmp_path: Path
-) -> dict[str, str]:
-    return {
-        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
-        "TURNSTREAM_REDIS_URL": redis_config.url,
-        "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
-        "TURNSTREAM_ENGINE_URL": engine.url,
-        "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
-        "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
-    }
 
 
 @pytest.fixture

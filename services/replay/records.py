@@ -1,0 +1,96 @@
+"""Sessions as JSONL, one turn per line, in two formats.
+
+``turns``: each line is a ``Turn`` exactly as on the ``turns`` topic (token ids, log-probs, weight version):
+lossless, so an export imported elsewhere re-derives to the same samples.
+
+``openclaw``: OpenClaw-RL's record, one JSON object per turn with ``session_id``, ``turn``, ``messages`` (the
+request), ``prompt_text`` (the prompt as the model saw it, chat template applied), ``response_text``,
+``tool_calls`` and ``next_state`` (the text of what followed the response: the user's next message or the tool
+results; null when the session ended there). It carries no token ids or log-probs, so importing it means
+tokenizing again and scoring the responses with the current policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from schemas import Message, PairedTurn, ToolCall, Turn
+
+Format = Literal["turns", "openclaw"]
+
+
+class OpenClawRecord(msgspec.Struct, kw_only=True, omit_defaults=False):
+    session_id: str
+    turn: int
+    messages: list[Message]
+    prompt_text: str = ""
+    response_text: str = ""
+    tool_calls: list[ToolCall] | None = None
+    next_state: str | None = None
+
+
+class BadLine(ValueError):
+    def __init__(self, number: int, reason: str) -> None:
+        super().__init__(f"line {number}: {reason}")
+        self.number = number
+
+
+def message_text(m: Message) -> str:
+    if isinstance(m.content, list):
+        return "".join(str(part.get("text", "")) for part in m.content)
+    return m.content or ""
+
+
+def to_openclaw(turn: Turn, paired: PairedTurn | None, prompt_text: str) -> OpenClawRecord:
+    state = paired.next_state if paired is not None else None
+    return OpenClawRecord(
+        session_id=turn.session_id,
+        turn=turn.turn_index,
+        messages=turn.messages,
+        prompt_text=prompt_text,
+        response_text=message_text(turn.response),
+        tool_calls=turn.response.tool_calls,
+        next_state=None if state is None else "\n".join(message_text(m) for m in state),
+    )
+
+
+_turn_decoder = msgspec.json.Decoder(Turn)
+_openclaw_decoder = msgspec.json.Decoder(OpenClawRecord)
+_any_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+def parse_line(number: int, line: bytes) -> Turn | OpenClawRecord:
+    """A line in either format (told apart by its fields), validated; ``BadLine`` says what is wrong."""
+    try:
+        fields = _any_decoder.decode(line)
+        if "turn_id" in fields:
+            return _turn_decoder.decode(line)
+        if "session_id" in fields and "turn" in fields:
+            record = _openclaw_decoder.decode(line)
+            if not record.messages:
+                raise BadLine(number, "messages must not be empty")
+            return record
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise BadLine(number, str(exc)) from None
+    raise BadLine(number, "neither a turnstream Turn (turn_id) nor an OpenClaw record (session_id, turn)")
+
+
+def read_jsonl(path: str) -> tuple[list[Turn | OpenClawRecord], list[BadLine]]:
+    """Every record of the file and every bad line (blank lines are skipped)."""
+    good: list[Turn | OpenClawRecord] = []
+    bad: list[BadLine] = []
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                good.append(parse_line(number, line))
+            except BadLine as exc:
+                bad.append(exc)
+    return good, bad
+
+
+def encode_line(record: Turn | OpenClawRecord) -> bytes:
+    return msgspec.json.encode(record) + b"\n"

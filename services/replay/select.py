@@ -1,0 +1,64 @@
+"""Which recorded turns a replay takes: a namespace's ``turns`` topic, limited by record time and/or offset."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from schemas import PairedTurn, Turn
+from schemas.topics import TURNS, TURNS_PAIRED
+from services.bus import Record, read_topic
+from services.config import KafkaConfig
+
+
+class Range(msgspec.Struct, frozen=True):
+    """Record time in ms since the epoch (Kafka's timestamps) and per-partition offsets; None: unbounded."""
+
+    since_ms: int | None = None
+    until_ms: int | None = None
+    """Exclusive."""
+    from_offset: int | None = None
+    to_offset: int | None = None
+    """Exclusive."""
+
+    def holds(self, rec: Record[object]) -> bool:
+        if self.from_offset is not None and rec.offset < self.from_offset:
+            return False
+        if self.to_offset is not None and rec.offset >= self.to_offset:
+            return False
+        return self.until_ms is None or rec.timestamp_ms is None or rec.timestamp_ms < self.until_ms
+
+
+def parse_time(text: str) -> int:
+    """Milliseconds since the epoch from ISO 8601 (``2026-11-29T12:00``, UTC unless it says otherwise) or from
+    seconds since the epoch."""
+    try:
+        return int(float(text) * 1000)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is neither ISO 8601 nor seconds since the epoch") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp() * 1000)
+
+
+async def recorded_turns(kafka: KafkaConfig, span: Range) -> AsyncIterator[Record[Turn]]:
+    """The turns of ``kafka.namespace`` in ``span``, partition by partition in log order (each session's turns in
+    order: sessions are the partitioning key). Reads up to the end as of the call; live topics are only read."""
+    async for rec in read_topic(kafka, TURNS, since_ms=span.since_ms, timeout_s=600):
+        if span.holds(rec):
+            yield rec
+
+
+async def next_states(kafka: KafkaConfig, turn_ids: set[str]) -> dict[str, PairedTurn]:
+    """The pairing of each of ``turn_ids`` on ``turns.paired`` (the last one, if it was paired again)."""
+    found: dict[str, PairedTurn] = {}
+    async for rec in read_topic(kafka, TURNS_PAIRED, timeout_s=600):
+        if rec.event.turn_id in turn_ids:
+            found[rec.event.turn_id] = rec.event
+    return found
