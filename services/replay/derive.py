@@ -27,7 +27,7 @@ from services.bus import EventProducer, read_topic
 from services.config import Config
 from services.launch import free_port_block
 from services.model_store import cache_dir
-from services.replay.select import Range, recorded_turns
+from services.replay.select import Range, publish_turns, recorded_turns
 from services.supervisor import Service, StartupFailed, Supervisor
 from services.topics import create_topics, group_lag
 
@@ -150,12 +150,8 @@ async def _open_sessions(replay: Config) -> int:
 
 
 async def copy_turns(source: Config, replay: Config, span: Range) -> int:
-    copied = 0
     async with EventProducer(replay.kafka, client_id=f"{replay.kafka.client_id}-replay") as producer:
-        async for rec in recorded_turns(source.kafka, span):
-            await producer.send(TURNS, rec.event, rec.event.session_id)
-            copied += 1
-    return copied
+        return await publish_turns(producer, (rec.event async for rec in recorded_turns(source.kafka, span)))
 
 
 async def derive(config: Config, opts: DeriveOptions, config_path: str | None = None) -> DeriveSummary:

@@ -114,9 +114,10 @@ async def drive(
                     )
                     return
                 sent += 1
-                history.append(
-                    {k: v for k, v in message.items() if k in ("role", "content", "tool_calls") and v}
-                )
+                answer: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+                if message.get("tool_calls"):
+                    answer["tool_calls"] = message["tool_calls"]
+                history.append(answer)
 
     async with httpx.AsyncClient(timeout=600) as http:
         await asyncio.gather(*(one(http, s) for s in scripts_))

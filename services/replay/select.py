@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 
 import msgspec
 
 from schemas import PairedTurn, Turn
 from schemas.topics import TURNS, TURNS_PAIRED
-from services.bus import Record, read_topic
+from services.bus import EventProducer, Record, read_topic
 from services.config import KafkaConfig
 
 
@@ -62,3 +63,29 @@ async def next_states(kafka: KafkaConfig, turn_ids: set[str]) -> dict[str, Paire
         if rec.event.turn_id in turn_ids:
             found[rec.event.turn_id] = rec.event
     return found
+
+
+async def publish_turns(
+    producer: EventProducer, turns: AsyncIterable[Turn] | Iterable[Turn], window: int = 512
+) -> int:
+    """Publish turns keyed by session (so each session keeps its order), up to ``window`` awaiting their
+    acknowledgement at once; returns how many, all acknowledged."""
+    pending: list[asyncio.Future[object]] = []
+    count = 0
+
+    async def each() -> AsyncIterator[Turn]:
+        if isinstance(turns, AsyncIterable):
+            async for t in turns:
+                yield t
+        else:
+            for t in turns:
+                yield t
+
+    async for turn in each():
+        pending.append(await producer.send_nowait(TURNS, turn, turn.session_id))
+        count += 1
+        if len(pending) >= window:
+            await asyncio.gather(*pending)
+            pending.clear()
+    await asyncio.gather(*pending)
+    return count

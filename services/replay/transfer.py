@@ -12,7 +12,6 @@ from typing import Any
 import msgspec
 
 from schemas import Message, SamplingParams, Turn
-from schemas.topics import TURNS
 from services.bus import EventProducer
 from services.chat_template import render_prompt_ids
 from services.config import KafkaConfig
@@ -25,7 +24,7 @@ from services.replay.records import (
     read_jsonl,
     to_openclaw,
 )
-from services.replay.select import Range, next_states, recorded_turns
+from services.replay.select import Range, next_states, publish_turns, recorded_turns
 from services.topics import create_topics
 
 log = logging.getLogger("turnstream.replay")
@@ -103,8 +102,7 @@ async def import_sessions(
         turns += await _rescore(foreign, EngineClient(engine_url), tokenizer)
     await create_topics(kafka)
     async with EventProducer(kafka, client_id=f"{kafka.client_id}-replay-import") as producer:
-        for turn in turns:
-            await producer.send(TURNS, turn, turn.session_id)
+        await publish_turns(producer, turns)
     return ImportSummary(
         kafka.namespace,
         len(turns),
