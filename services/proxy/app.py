@@ -145,9 +145,8 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
 
     async def _shutdown() -> None:
         if state is not None:
-            if (
-                state.reloader_task is not None
-            ):  # a follower without a group: nothing to finish, so no waiting
+            # The reloader follows without a consumer group: nothing to commit, so it is cancelled, not awaited.
+            if state.reloader_task is not None:
                 state.reloader_task.cancel()
                 await asyncio.gather(state.reloader_task, return_exceptions=True)
             if state.tasks:

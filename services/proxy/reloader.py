@@ -101,6 +101,3 @@ class Reloader:
             await self.consumer.run(self.handle)
         finally:  # also when cancelled at shutdown: nothing to commit without a group, but close the connections
             await self.consumer.stop()
-
-    def stop(self) -> None:
-        self.consumer.request_stop()
