@@ -21,8 +21,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from schemas import DecodeError, Sample, WeightsPublished, decode
-from schemas.topics import MAX_MESSAGE_BYTES, SAMPLES, WEIGHTS
+from schemas import DeadLetter, DecodeError, Sample, WeightsPublished, decode
+from schemas.topics import DEADLETTER, MAX_MESSAGE_BYTES, SAMPLES, WEIGHTS
 from services.bus import EventProducer, _security, consumer_group, topic_partitions
 from services.config import Config
 from services.metrics import serve_metrics
@@ -252,10 +252,27 @@ async def run_trainer(
                 for rec in records:
                     try:
                         sample = decode(rec.value or b"", Sample)
-                    except DecodeError as exc:
+                    except DecodeError as exc:  # kept on deadletter, verbatim, before its offset is passed
+                        await producer.send(
+                            DEADLETTER,
+                            DeadLetter(
+                                source_topic=rec.topic,
+                                source_partition=rec.partition,
+                                source_offset=rec.offset,
+                                source_key=rec.key,
+                                source_timestamp_ms=rec.timestamp,
+                                error_kind=exc.kind,
+                                error=str(exc) or "unknown error",
+                                consumer_group=tc.group_id,
+                                payload=rec.value or b"",
+                                created_at=time.time(),
+                            ),
+                            rec.key if rec.key is not None else b"",
+                        )
                         DROPPED.labels("undecodable").inc()
                         log.warning(
-                            "undecodable sample skipped", extra={"offset": rec.offset, "error": str(exc)}
+                            "undecodable sample dead-lettered",
+                            extra={"offset": rec.offset, "error": str(exc)},
                         )
                         pending.processed(tp.partition, rec.offset)
                         continue

@@ -92,3 +92,26 @@ async def test_stale_samples_are_dropped(kafka: KafkaConfig, tiny_llama: Path, t
     after = REGISTRY.get_sample_value("turnstream_trainer_dropped_total", {"reason": "stale"}) or 0.0
     assert after - before == 3
     assert sorted(lineage(out)[4:]) == sorted(make_sample(200 + i).sample_id for i in range(4))
+
+
+async def test_records_that_are_not_samples_go_to_deadletter_and_training_goes_on(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+) -> None:
+    from schemas import DeadLetter, encode
+    from schemas.topics import DEADLETTER, SAMPLES
+    from services.bus import EventProducer
+    from tests.strategies import example_turn
+
+    out = tmp_path / "weights"
+    await publish(kafka, [make_sample(i) for i in range(2)])
+    garbage, turn = b"\x00not msgpack at all", encode(example_turn("wrong-topic", 1))
+    async with EventProducer(kafka) as producer:
+        await producer.send_raw(SAMPLES.name(kafka.namespace), garbage, b"k1")
+        await producer.send_raw(SAMPLES.name(kafka.namespace), turn, b"k2")
+    await publish(kafka, [make_sample(2 + i) for i in range(2)])
+    await run(config(kafka, tiny_llama, out, max_steps=1))
+    assert sorted(lineage(out)) == sorted(make_sample(i).sample_id for i in range(4))
+    letters: list[DeadLetter] = [r.event async for r in read_topic(kafka, DEADLETTER)]
+    assert sorted(d.payload for d in letters) == sorted([garbage, turn])  # kept verbatim
+    assert {d.source_topic for d in letters} == {SAMPLES.name(kafka.namespace)}
+    assert {d.source_key for d in letters} == {b"k1", b"k2"} and all(d.error for d in letters)
