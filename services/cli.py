@@ -358,7 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in _WORKERS:
         return _worker(config, args)
     if args.command == "config":
-        print(msgspec.json.format(msgspec.json.encode(config).decode()))
+        from services.config import redacted
+
+        print(msgspec.json.format(msgspec.json.encode(redacted(config)).decode()))
         return 0
     if args.command == "replay":
         from services.replay.main import run_replay

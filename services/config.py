@@ -366,3 +366,26 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         origin = source.get(field) or origin
         where = f" ({origin})" if origin else ""
         raise ConfigError(f"{field or 'config'}{where}: {detail}") from None
+
+
+SECRET_FIELDS = ("api_key", "sasl_password")
+
+
+def redacted(config: Config) -> dict[str, Any]:
+    """The configuration as plain data with every secret masked (API keys, the SASL password, a password in the
+    Redis URL): what ``turnstream config show`` prints, so it can be pasted into an issue."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    data: dict[str, Any] = msgspec.to_builtins(config)
+    for section in data.values():
+        if isinstance(section, dict):
+            for field in SECRET_FIELDS:
+                if section.get(field):
+                    section[field] = "***"
+    url = urlsplit(data["redis"]["url"])
+    if url.password:
+        user = f"{url.username}:" if url.username else ":"
+        host = url.hostname or ""
+        netloc = f"{user}***@{host}" + (f":{url.port}" if url.port else "")
+        data["redis"]["url"] = urlunsplit(url._replace(netloc=netloc))
+    return data

@@ -110,3 +110,31 @@ def test_unrelated_prefixed_variables_are_ignored() -> None:
         env={"TURNSTREAM_CACHE": "/tmp/x", "TURNSTREAM_KEEP_SERVICES": "1", "TURNSTREAM_FOO_BAR": "1"}
     )
     assert c.kafka.bootstrap == "127.0.0.1:9092"
+
+
+def test_config_show_masks_every_secret() -> None:
+    import json
+    import subprocess
+    import sys
+
+    env = {
+        "TURNSTREAM_PROXY_API_KEY": "proxy-sekrit",
+        "SGLANG_API_KEY": "engine-sekrit",
+        "TURNSTREAM_JUDGE_API_KEY": "judge-sekrit",
+        "TURNSTREAM_KAFKA_SASL_PASSWORD": "kafka-sekrit",
+        "TURNSTREAM_REDIS_URL": "redis://worker:redis-sekrit@cache.internal:6380/2",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "config", "show"],
+        env={"PATH": "/usr/bin:/bin", **env},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "sekrit" not in out.stdout
+    shown = json.loads(out.stdout)
+    assert shown["proxy"]["api_key"] == shown["engine"]["api_key"] == shown["kafka"]["sasl_password"] == "***"
+    assert shown["redis"]["url"] == "redis://worker:***@cache.internal:6380/2"
+    assert shown["teacher"]["api_key"] is None  # unset stays visible as unset
