@@ -350,7 +350,7 @@ class EventConsumer:
                 try:
                     event = decode(rec.value or b"", spec.event_type)
                 except DecodeError as exc:
-                    await self._dead_letter_raw(rec, exc.kind, str(exc))
+                    await dead_letter_record(self._deadletter, rec, exc.kind, str(exc), self.group_id)
                     continue
                 good.append(Record(event, rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp))
         if good:
@@ -367,7 +367,8 @@ class EventConsumer:
 
     async def dead_letter(self, record: Record[Any], error: str, kind: str = "processing") -> None:
         """For handlers: send a decoded record the service cannot use to ``deadletter``. Durable on return."""
-        await self._send_dead_letter(
+        await send_dead_letter(
+            self._deadletter,
             record.topic,
             record.partition,
             record.offset,
@@ -376,42 +377,59 @@ class EventConsumer:
             encode(record.event),
             kind,
             error,
+            self.group_id,
         )
 
-    async def _dead_letter_raw(self, rec: ConsumerRecord[bytes, bytes], kind: str, error: str) -> None:
-        await self._send_dead_letter(
-            rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp, rec.value or b"", kind, error
-        )
 
-    async def _send_dead_letter(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        timestamp_ms: int | None,
-        payload: bytes,
-        kind: str,
-        error: str,
-    ) -> None:
-        letter = DeadLetter(
-            source_topic=topic,
-            source_partition=partition,
-            source_offset=offset,
-            source_key=key,
-            source_timestamp_ms=timestamp_ms,
-            error_kind=kind,
-            error=error or "unknown error",
-            consumer_group=self.group_id,
-            payload=payload,
-            created_at=time.time(),
-        )
-        await self._deadletter.send(DEADLETTER, letter, key if key is not None else b"")
-        DEADLETTERED.labels(topic, self.group_id, kind).inc()
-        log.warning(
-            "record dead-lettered",
-            extra={"topic": topic, "partition": partition, "offset": offset, "kind": kind, "error": error},
-        )
+async def send_dead_letter(
+    producer: EventProducer,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    timestamp_ms: int | None,
+    payload: bytes,
+    kind: str,
+    error: str,
+    group: str,
+) -> None:
+    """Keep a record a consumer cannot use on ``deadletter`` (durable on return), counted and logged."""
+    letter = DeadLetter(
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+        source_key=key,
+        source_timestamp_ms=timestamp_ms,
+        error_kind=kind,
+        error=error or "unknown error",
+        consumer_group=group,
+        payload=payload,
+        created_at=time.time(),
+    )
+    await producer.send(DEADLETTER, letter, key if key is not None else b"")
+    DEADLETTERED.labels(topic, group, kind).inc()
+    log.warning(
+        "record dead-lettered",
+        extra={"topic": topic, "partition": partition, "offset": offset, "kind": kind, "error": error},
+    )
+
+
+async def dead_letter_record(
+    producer: EventProducer, rec: ConsumerRecord[bytes, bytes], kind: str, error: str, group: str
+) -> None:
+    """``send_dead_letter`` for a raw record as the consumer received it."""
+    await send_dead_letter(
+        producer,
+        rec.topic,
+        rec.partition,
+        rec.offset,
+        rec.key,
+        rec.timestamp,
+        rec.value or b"",
+        kind,
+        error,
+        group,
+    )
 
 
 async def stop_when(event: asyncio.Event, consumer: EventConsumer) -> None:

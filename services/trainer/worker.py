@@ -21,9 +21,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from schemas import DeadLetter, DecodeError, Sample, WeightsPublished, decode
-from schemas.topics import DEADLETTER, MAX_MESSAGE_BYTES, SAMPLES, WEIGHTS
-from services.bus import EventProducer, _security, consumer_group, topic_partitions
+from schemas import DecodeError, Sample, WeightsPublished, decode
+from schemas.topics import MAX_MESSAGE_BYTES, SAMPLES, WEIGHTS
+from services.bus import EventProducer, _security, consumer_group, dead_letter_record, topic_partitions
 from services.config import Config
 from services.metrics import serve_metrics
 from services.trainer.checkpoints import CheckpointMeta, TrainerStore
@@ -253,22 +253,7 @@ async def run_trainer(
                     try:
                         sample = decode(rec.value or b"", Sample)
                     except DecodeError as exc:  # kept on deadletter, verbatim, before its offset is passed
-                        await producer.send(
-                            DEADLETTER,
-                            DeadLetter(
-                                source_topic=rec.topic,
-                                source_partition=rec.partition,
-                                source_offset=rec.offset,
-                                source_key=rec.key,
-                                source_timestamp_ms=rec.timestamp,
-                                error_kind=exc.kind,
-                                error=str(exc) or "unknown error",
-                                consumer_group=tc.group_id,
-                                payload=rec.value or b"",
-                                created_at=time.time(),
-                            ),
-                            rec.key if rec.key is not None else b"",
-                        )
+                        await dead_letter_record(producer, rec, exc.kind, str(exc), tc.group_id)
                         DROPPED.labels("undecodable").inc()
                         log.warning(
                             "undecodable sample dead-lettered",
