@@ -51,7 +51,15 @@ class Record(Generic[E]):
 
 
 def _security(kafka: KafkaConfig) -> dict[str, Any]:
+    """aiokafka's connection settings for ``kafka.security_protocol``: TLS needs an SSL context (aiokafka refuses
+    SSL without one), SASL its mechanism and credentials."""
     opts: dict[str, Any] = {"security_protocol": kafka.security_protocol}
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        opts["ssl_context"] = create_ssl_context(
+            cafile=kafka.ssl_cafile, certfile=kafka.ssl_certfile, keyfile=kafka.ssl_keyfile
+        )
     if kafka.sasl_mechanism:
         opts.update(
             sasl_mechanism=kafka.sasl_mechanism,

@@ -47,6 +47,11 @@ class KafkaConfig(_Section):
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
     sasl_password: str | None = None
+    ssl_cafile: str | None = None
+    """CA bundle that signed the brokers' certificates (SSL, SASL_SSL; default: the system's CAs)."""
+    ssl_certfile: str | None = None
+    """Client certificate for mutual TLS, with ``ssl_keyfile``."""
+    ssl_keyfile: str | None = None
     request_timeout_ms: PositiveInt = 30_000
     max_batch: PositiveInt = 256
     """Most records one consumer poll hands to a service."""
@@ -58,6 +63,17 @@ class KafkaConfig(_Section):
         if not self.bootstrap.strip():
             raise ValueError("bootstrap: must name at least one host:port")
         self.namespace = normalize_namespace(self.namespace)
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+            raise ValueError(
+                f"security_protocol: {self.security_protocol} needs sasl_mechanism, sasl_username and sasl_password"
+            )
+        if not sasl and self.sasl_mechanism:
+            raise ValueError("sasl_mechanism: set security_protocol to SASL_PLAINTEXT or SASL_SSL to use it")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError(
+                "ssl_certfile: a client certificate needs ssl_keyfile too (and the other way round)"
+            )
 
 
 class RedisConfig(_Section):
