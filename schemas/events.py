@@ -133,6 +133,13 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True):
     def __post_init__(self) -> None:
         _require_in("role", self.role, ROLES)
 
+    @property
+    def text(self) -> str:
+        """The text of ``content``: the string, or the text parts joined (other parts carry no text)."""
+        if isinstance(self.content, list):
+            return "".join(str(part.get("text", "")) for part in self.content)
+        return self.content or ""
+
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     """The sampling parameters the request was served with (None: the engine's default)."""

@@ -75,10 +75,21 @@ class KafkaConfig(_Section):
                 "ssl_certfile: a client certificate needs ssl_keyfile too (and the other way round)"
             )
 
+    def in_namespace(self, namespace: str) -> KafkaConfig:
+        """The same cluster and settings, topics (and consumer groups) in ``namespace``; validated like the config's
+        own."""
+        return msgspec.convert({**msgspec.to_builtins(self), "namespace": namespace}, KafkaConfig)
+
 
 class RedisConfig(_Section):
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "turnstream:"
+
+    @property
+    def pairer_idle_key(self) -> str:
+        """The pairer's sorted set of open sessions (by last turn time): also read by a replay to know when
+        every session has ended."""
+        return f"{self.key_prefix}pairer:idle"
 
 
 class EngineConfig(_Section):

@@ -48,10 +48,7 @@ def _calls(m: Message) -> list[tuple[str, str]]:
 
 
 def _text(m: Message) -> str:
-    content = m.content
-    if isinstance(content, list):
-        content = "".join(str(p.get("text", "")) for p in content)
-    return (content or "").strip()
+    return m.text.strip()
 
 
 def same_response(history: Message, response: Message) -> bool:
@@ -87,7 +84,7 @@ class Pairer:
         self.timeout = config.pairer.idle_timeout_s
         prefix = config.redis.key_prefix
         self._state = prefix + "pairer:s:"
-        self._idle = prefix + "pairer:idle"
+        self._idle = config.redis.pairer_idle_key
         self._cad = redis.register_script(_COMPARE_AND_DELETE)
         self._last_sweep = 0.0
 

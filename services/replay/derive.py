@@ -21,7 +21,6 @@ from pathlib import Path
 import msgspec
 import redis.asyncio as aioredis
 
-from schemas import normalize_namespace
 from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED
 from services.bus import EventProducer, read_topic
 from services.config import Config
@@ -67,7 +66,7 @@ class DeriveFailed(RuntimeError):
 
 def derive_config(config: Config, opts: DeriveOptions) -> Config:
     """The replay's configuration: the source's, in the new namespace, with the requested changes."""
-    into = normalize_namespace(opts.into)
+    kafka = config.kafka.in_namespace(opts.into)
     replace = msgspec.structs.replace
     judge = config.judge
     for field, value in (
@@ -92,8 +91,8 @@ def derive_config(config: Config, opts: DeriveOptions) -> Config:
         pairer = replace(pairer, idle_timeout_s=opts.idle_timeout_s)
     return replace(
         config,
-        kafka=replace(config.kafka, namespace=into),
-        redis=replace(config.redis, key_prefix=f"{config.redis.key_prefix}{into}"),
+        kafka=kafka,
+        redis=replace(config.redis, key_prefix=f"{config.redis.key_prefix}{kafka.namespace}"),
         judge=judge,
         dispatcher=dispatcher,
         teacher=teacher,
@@ -144,7 +143,7 @@ def _groups(replay: Config) -> dict[str, tuple]:  # type: ignore[type-arg]
 async def _open_sessions(replay: Config) -> int:
     redis = aioredis.from_url(replay.redis.url)
     try:
-        return int(await redis.zcard(f"{replay.redis.key_prefix}pairer:idle"))
+        return int(await redis.zcard(replay.redis.pairer_idle_key))
     finally:
         await redis.aclose()
 

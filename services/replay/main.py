@@ -23,9 +23,7 @@ def _fail(command: str, message: str) -> int:
 
 def _source(config: Config, args: argparse.Namespace) -> tuple[Config, Range]:
     if args.from_namespace is not None:
-        kafka = msgspec.structs.replace(config.kafka, namespace=args.from_namespace)
-        kafka.__post_init__()  # normalized and validated like the config's own
-        config = msgspec.structs.replace(config, kafka=kafka)
+        config = msgspec.structs.replace(config, kafka=config.kafka.in_namespace(args.from_namespace))
     span = Range(
         since_ms=parse_time(args.since) if args.since else None,
         until_ms=parse_time(args.until) if args.until else None,
@@ -137,10 +135,7 @@ def _import(config: Config, args: argparse.Namespace) -> int:
     from services.replay.records import OpenClawRecord, read_jsonl
     from services.replay.transfer import import_sessions
 
-    kafka = config.kafka
-    if not args.into_live:
-        kafka = msgspec.structs.replace(kafka, namespace=args.into)
-        kafka.__post_init__()
+    kafka = config.kafka if args.into_live else config.kafka.in_namespace(args.into)
     engine_url = args.engine_url or config.engine.url
 
     async def run() -> Any:  # one event loop for the engine calls and Kafka

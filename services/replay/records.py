@@ -37,12 +37,6 @@ class BadLine(ValueError):
         self.number = number
 
 
-def message_text(m: Message) -> str:
-    if isinstance(m.content, list):
-        return "".join(str(part.get("text", "")) for part in m.content)
-    return m.content or ""
-
-
 def to_openclaw(turn: Turn, paired: PairedTurn | None, prompt_text: str) -> OpenClawRecord:
     state = paired.next_state if paired is not None else None
     return OpenClawRecord(
@@ -50,9 +44,9 @@ def to_openclaw(turn: Turn, paired: PairedTurn | None, prompt_text: str) -> Open
         turn=turn.turn_index,
         messages=turn.messages,
         prompt_text=prompt_text,
-        response_text=message_text(turn.response),
+        response_text=turn.response.text,
         tool_calls=turn.response.tool_calls,
-        next_state=None if state is None else "\n".join(message_text(m) for m in state),
+        next_state=None if state is None else "\n".join(m.text for m in state),
     )
 
 
