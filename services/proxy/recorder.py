@@ -1,9 +1,11 @@
 """Records turns without ever touching the user's response path.
 
-``record()`` only appends to a buffer. A writer task moves buffered turns to the durable spool (one fsync per
-group), and a publisher task sends spooled turns to Kafka in order, advancing the spool's cursor only after the
-broker acknowledged them. While Kafka is unreachable turns accumulate in the spool and go out, in order, once it
-is back; turn ids are stable, so a resend is recognisable downstream.
+``record()`` hands the turn to the spool file at once (a page-cache write, no fsync: a killed proxy loses no turn
+it answered). A writer task fsyncs what gathered during ``linger_s`` in one go (in a worker thread), and a
+publisher task sends fsync'd turns to Kafka in order, advancing the spool's cursor only after the broker
+acknowledged them. If the write fails (disk full), turns wait in memory, in order, and the writer retries.
+While Kafka is unreachable turns accumulate in the spool and go out, in order, once it is back; turn ids are
+stable, so a resend is recognisable downstream.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from services.proxy.spool import Spool
 
 log = logging.getLogger("turnstream.proxy.recorder")
 
-RECORDED = Counter("turnstream_proxy_turns_recorded_total", "Turns written to the durable spool")
+RECORDED = Counter("turnstream_proxy_turns_recorded_total", "Turns written to the spool and fsync'd")
 PUBLISHED = Counter("turnstream_proxy_turns_published_total", "Turns acknowledged by Kafka")
 PUBLISH_FAILURES = Counter(
     "turnstream_proxy_publish_failures_total", "Failed attempts to publish spooled turns"
@@ -71,30 +73,46 @@ class TurnRecorder:
         self._tasks = [asyncio.create_task(self._writer()), asyncio.create_task(self._publisher())]
 
     def record(self, turn: Turn) -> None:
-        """Queue a turn for the spool. Never blocks and never raises on the caller's path."""
-        self._buffer.append(_pack(turn.session_id.encode(), encode(turn)))
+        """Write a turn to the spool file. Never raises on the caller's path; never waits for a disk flush."""
+        record = _pack(turn.session_id.encode(), encode(turn))
+        if not self._buffer and self.spool is not None:
+            try:
+                self.spool.write([record])
+            except OSError as exc:
+                log.error("spool write failed; turns wait in memory", extra={"error": repr(exc)})
+                self._buffer.append(record)
+        else:  # earlier turns still wait in memory: keep the order
+            self._buffer.append(record)
         self._buffered.set()
 
     @property
     def pending(self) -> int:
-        return len(self._buffer) + (self.spool.pending if self.spool else 0)
+        return len(self._buffer) + (self.spool.pending + self.spool.unsynced if self.spool else 0)
 
     async def _writer(self) -> None:
         assert self.spool is not None
         while True:
             await self._buffered.wait()
-            if not self._closing and len(self._buffer) < self.batch:
+            if not self._closing and self.spool.unsynced + len(self._buffer) < self.batch:
                 await asyncio.sleep(
                     self.linger_s
                 )  # group commit: one fsync for everything that arrives meanwhile
             self._buffered.clear()
-            batch, self._buffer = self._buffer, []
-            if batch:
-                await asyncio.to_thread(self.spool.append, batch)
-                RECORDED.inc(len(batch))
+            if self._buffer:  # only after a failed write
+                batch = list(self._buffer)
+                try:
+                    await asyncio.to_thread(self.spool.write, batch)
+                    del self._buffer[: len(batch)]  # record() appends behind them meanwhile
+                except OSError as exc:
+                    log.error("spool write failed again", extra={"error": repr(exc), "waiting": len(batch)})
+                    self._buffered.set()
+                    await asyncio.sleep(1.0)
+            synced = await asyncio.to_thread(self.spool.sync)
+            if synced:
+                RECORDED.inc(synced)
                 SPOOLED.set(self.spool.pending)
                 self._wrote.set()
-            if self._closing and not self._buffer:
+            if self._closing and not self._buffer and not self.spool.unsynced:
                 return
 
     async def _connect(self) -> EventProducer:

@@ -8,10 +8,12 @@ and the spool restarts from its oldest segment, resending, never skipping). The 
 is still read. A torn tail record (a crash while
 writing) fails its CRC and is cut off at open. Drained segments are deleted.
 
-Records are fsync'd when appended. The cursor is persisted without fsync and at most every
-``cursor_interval_s``: after a crash the spool may resend a few records Kafka already has, never skip one
-(turn ids are stable, so a resend is recognisable). Unpublished records are also kept in memory (up to
-``memory_bytes``) so publishing does not re-read the file in the common case.
+Records are handed to the OS as they come (``write``: one ``write`` call, no fsync), so a killed proxy loses
+none of them, and fsync'd in groups (``sync``, from a worker thread); only fsync'd records are published.
+The cursor is persisted without fsync and at most every ``cursor_interval_s``: after a crash the spool may
+resend a few records Kafka already has, never skip one (turn ids are stable, so a resend is recognisable).
+Unpublished records are also kept in memory (up to ``memory_bytes``) so publishing does not re-read the file
+in the common case.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class Spool:
         self._cursor_fd = os.open(self.dir / "cursor", os.O_RDWR | os.O_CREAT, 0o644)
         self._truncate_torn_tail(self._write_seg)
         self._fh = open(self._path(self._write_seg), "ab")
+        # Written, not yet fsync'd: (payload, segment, end) in order, and the files they are in.
+        self._unsynced: list[tuple[bytes, int, int]] = []
+        self._unsynced_files: list[BinaryIO] = []
         self._pending = self._count_pending()
         self._mem_complete = self._pending == 0
 
@@ -143,37 +148,68 @@ class Spool:
 
     # writing -------------------------------------------------------------------------------------------------
 
-    def append(self, payloads: list[bytes]) -> None:
-        """Append and fsync (one fsync for the whole group); the records become visible to ``peek`` only once
-        durable. Blocking: call it from a worker thread. One writer at a time."""
+    def write(self, payloads: list[bytes]) -> None:
+        """Hand records to the OS (no fsync): from here on they survive the process being killed, and reopening
+        the spool finds them. A page-cache write, cheap enough for the event loop; ``sync`` makes them durable and
+        publishable. Raises OSError (disk full), in which case none of ``payloads`` was kept."""
         if not payloads:
             return
         buf = bytearray()
-        ends: list[int] = []
-        start = self._fh.tell()
         for p in payloads:
             buf += _HEADER.pack(len(p), zlib.crc32(p))
             buf += p
-            ends.append(start + len(buf))
-        self._fh.write(buf)
-        self._fh.flush()
-        os.fdatasync(self._fh.fileno())  # outside the lock: publishers keep going meanwhile
-        seg = self._write_seg
         with self._lock:
-            self._pending += len(payloads)
+            start = self._fh.tell()
+            try:
+                self._fh.write(buf)
+                self._fh.flush()
+            except OSError:
+                self._fh.truncate(start)  # no torn record in front of the next write
+                self._fh.seek(start)
+                raise
+            seg, end = self._write_seg, start
+            for p in payloads:
+                end += _HEADER.size + len(p)
+                self._unsynced.append((p, seg, end))
+            if not self._unsynced_files or self._unsynced_files[-1] is not self._fh:
+                self._unsynced_files.append(self._fh)
+            if end >= self.segment_bytes:
+                self._write_seg += 1
+                self._fh = open(self._path(self._write_seg), "ab")
+
+    def sync(self) -> int:
+        """fsync what ``write`` handed over (one fsync per file) and make it visible to ``peek``. Blocking: call it
+        from a worker thread. Returns how many records became durable."""
+        with self._lock:
+            records, self._unsynced = self._unsynced, []
+            files, self._unsynced_files = self._unsynced_files, []
+        for fh in files:
+            os.fdatasync(fh.fileno())  # outside the lock: writers and publishers keep going meanwhile
+        with self._lock:
+            for fh in files:
+                if fh is not self._fh and fh not in self._unsynced_files:
+                    fh.close()  # a finished segment, all of it durable
+            if not records:
+                return 0
+            self._pending += len(records)
             if self._mem_complete:
-                for p, end in zip(payloads, ends, strict=True):
+                for p, seg, end in records:
                     self._mem.append((p, seg, end))
                     self._mem_bytes += len(p)
                 if self._mem_bytes > self.memory_bytes:  # a long outage: fall back to reading the files
                     self._mem.clear()
                     self._mem_bytes = 0
                     self._mem_complete = False
-        if self._fh.tell() >= self.segment_bytes:
-            with self._lock:
-                self._fh.close()
-                self._write_seg += 1
-                self._fh = open(self._path(self._write_seg), "ab")
+        return len(records)
+
+    @property
+    def unsynced(self) -> int:
+        return len(self._unsynced)
+
+    def append(self, payloads: list[bytes]) -> None:
+        """``write`` and ``sync`` (blocking)."""
+        self.write(payloads)
+        self.sync()
 
     # reading -------------------------------------------------------------------------------------------------
 
@@ -240,6 +276,7 @@ class Spool:
         return self._pending
 
     def close(self) -> None:
+        self.sync()
         with self._lock:
             if self._cursor_dirty:
                 self._save_cursor(force=True)

@@ -105,3 +105,68 @@ def test_memory_mirror_falls_back_to_the_files_and_recovers(tmp_path: Path) -> N
     spool.append([b"new"])
     assert spool.peek(10) == [b"new"]
     spool.close()
+
+
+def test_written_records_are_published_only_once_synced(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.write([b"a", b"b"])
+    assert spool.pending == 0 and spool.unsynced == 2 and spool.peek(10) == []
+    assert spool.sync() == 2
+    assert spool.pending == 2 and spool.unsynced == 0 and spool.peek(10) == [b"a", b"b"]
+    assert spool.sync() == 0
+    spool.close()
+
+
+def test_records_written_but_never_synced_survive_a_killed_process(tmp_path: Path) -> None:
+    """kill -9 right after ``write``: the page cache keeps the records, and the next spool publishes them."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from services.proxy.spool import Spool\n"
+            f"s = Spool({str(tmp_path)!r})\n"
+            "s.append([b'synced'])\n"
+            "s.write([b'written-1', b'written-2'])\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGKILL)
+    child.wait(10)
+    again = Spool(tmp_path)
+    assert again.pending == 3
+    assert again.peek(10) == [b"synced", b"written-1", b"written-2"]
+    again.close()
+
+
+def test_unsynced_records_across_a_segment_boundary_are_all_synced(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, segment_bytes=64)
+    records = [f"record-{i:03d}".encode() * 2 for i in range(12)]
+    for r in records[:5]:
+        spool.write([r])
+    assert spool.sync() == 5
+    for r in records[5:]:
+        spool.write([r])
+    assert len(list(tmp_path.glob("seg-*.log"))) > 2
+    assert spool.sync() == 7
+    assert spool.peek(100) == records
+    spool.commit(12)
+    spool.close()
+    assert Spool(tmp_path).pending == 0
+
+
+def test_closing_syncs_what_was_written(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.write([b"late"])
+    spool.close()
+    again = Spool(tmp_path)
+    assert again.peek(10) == [b"late"]
+    again.close()
