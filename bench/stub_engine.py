@@ -1,8 +1,10 @@
-"""A stub policy engine for benchmarks: answers /v1/chat/completions in SGLang's (and turnstream's engine's)
-shapes after a fixed latency, with a fixed number of tokens and their log-probs, streamed or not. It runs in its
-own process so that it never shares an event loop with what is measured.
+"""A stub engine for benchmarks and fault tests: answers /v1/chat/completions in SGLang's (and turnstream's
+engine's) shapes after a fixed latency, with a fixed number of tokens and their log-probs, streamed or not, and
+/generate's prefill scoring (``max_new_tokens`` 0, ``input_token_logprobs`` from ``logprob_start_len``) the way the
+teacher asks for it. It runs in its own process so that it never shares an event loop with what is measured.
+``--fail-every N`` answers every Nth chat or generate request with HTTP 500 (an engine error at a fixed rate).
 
-    python bench/stub_engine.py --port 31000 [--latency-ms 20] [--tokens 60]
+    python bench/stub_engine.py --port 31000 [--latency-ms 20] [--tokens 60] [--fail-every 0]
 """
 
 from __future__ import annotations
@@ -80,20 +82,48 @@ def build(tokens: int) -> tuple[bytes, list[bytes]]:
     return json.dumps(full).encode(), chunks
 
 
-async def main(port: int, latency_s: float, tokens: int) -> None:
+def scored(body: bytes) -> bytes:
+    """/generate as the teacher calls it: a log-prob for every input token from ``logprob_start_len`` on (SGLang
+    leaves the first entry of the window unscored)."""
+    req = json.loads(body)
+    ids = req["input_ids"]
+    start = max(int(req.get("logprob_start_len", 0)), 0)
+    window = [[None, ids[start], None]] + [[-0.2 - (t % 5) * 0.1, t, None] for t in ids[start + 1 :]]
+    meta = {
+        "input_token_logprobs": window,
+        "output_token_logprobs": [],
+        "finish_reason": {"type": "length", "length": 0},
+        "prompt_tokens": len(ids),
+        "weight_version": "0",
+    }
+    if int(req.get("top_logprobs_num", 0)):
+        k = int(req["top_logprobs_num"])
+        meta["input_top_logprobs"] = [None] + [[[-0.2, t, None]] * k for t in ids[start + 1 :]]
+    return json.dumps({"text": "", "output_ids": [], "meta_info": meta}).encode()
+
+
+async def main(port: int, latency_s: float, tokens: int, fail_every: int = 0) -> None:
     full, chunks = build(tokens)
-    info = reply(200, b'{"weight_version": "0"}')
+    info = reply(200, b'{"weight_version": "0", "model_path": "stub"}')
     complete = reply(200, full)
+    failure = reply(500, b'{"error": {"message": "stub engine failure", "code": 500}}')
     streamed = (
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         + b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks)
         + b"0\r\n\r\n"
     )
+    calls = 0
 
     async def respond(path: str, body: bytes) -> bytes:
+        nonlocal calls
         if path in ("/health", "/get_model_info"):
             return info
+        calls += 1
         await asyncio.sleep(latency_s)
+        if fail_every and calls % fail_every == 0:
+            return failure
+        if path == "/generate":
+            return reply(200, scored(body))
         return streamed if b'"stream":true' in body.replace(b" ", b"") else complete
 
     await serve(port, respond)
@@ -104,5 +134,6 @@ if __name__ == "__main__":
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--tokens", type=int, default=60)
+    ap.add_argument("--fail-every", type=int, default=0)
     a = ap.parse_args()
-    asyncio.run(main(a.port, a.latency_ms / 1000, a.tokens))
+    asyncio.run(main(a.port, a.latency_ms / 1000, a.tokens, a.fail_every))
