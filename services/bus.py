@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import IllegalStateError, KafkaConnectionError, KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, RecordMetadata
 
 from schemas import DeadLetter, DecodeError, Event, TopicSpec, decode, encode
@@ -73,6 +73,42 @@ def _key_bytes(key: str | bytes | None) -> bytes | None:
     return key.encode() if isinstance(key, str) else key
 
 
+async def _start_retrying(
+    client: AIOKafkaProducer | AIOKafkaConsumer,
+    fresh: Callable[[], Any],
+    kafka: KafkaConfig,
+    wait_s: float | None,
+    what: str,
+) -> None:
+    """Start an aiokafka client; while the broker is unreachable, retry with a fresh one (a client whose start
+    failed is not restartable) until ``wait_s`` has passed. Other errors (TLS, authentication) fail at once."""
+    wait = kafka.connect_wait_s if wait_s is None else wait_s
+    deadline = time.monotonic() + wait
+    backoff = 0.5
+    while True:
+        try:
+            await client.start()
+            return
+        except KafkaConnectionError as exc:
+            with contextlib.suppress(Exception):
+                await client.stop()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            log.warning(
+                "Kafka unreachable; retrying",
+                extra={
+                    "client": what,
+                    "bootstrap": kafka.bootstrap,
+                    "error": str(exc),
+                    "gives_up_in_s": round(left),
+                },
+            )
+            await asyncio.sleep(min(backoff, left))
+            backoff = min(backoff * 2, 5.0)
+            client = fresh()
+
+
 class EventProducer:
     """Idempotent, acks=all producer of contract events. Optionally transactional."""
 
@@ -81,7 +117,7 @@ class EventProducer:
     ):
         self.kafka = kafka
         self.transactional_id = transactional_id
-        self._producer = AIOKafkaProducer(
+        self._options: dict[str, Any] = dict(
             bootstrap_servers=kafka.bootstrap,
             client_id=client_id or kafka.client_id,
             acks="all",
@@ -92,9 +128,16 @@ class EventProducer:
             linger_ms=5,
             **_security(kafka),
         )
+        self._producer = AIOKafkaProducer(**self._options)
 
-    async def start(self) -> None:
-        await self._producer.start()
+    async def start(self, wait_s: float | None = None) -> None:
+        """Connect, retrying an unreachable broker for ``wait_s`` (default ``kafka.connect_wait_s``)."""
+
+        def fresh() -> AIOKafkaProducer:
+            self._producer = AIOKafkaProducer(**self._options)
+            return self._producer
+
+        await _start_retrying(self._producer, fresh, self.kafka, wait_s, "producer")
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -225,7 +268,7 @@ class EventConsumer:
         self.max_batch = max_batch or kafka.max_batch
         self._own_deadletter = deadletter is None
         self._deadletter = deadletter or EventProducer(kafka, client_id=f"{group_id}-deadletter")
-        self._consumer = AIOKafkaConsumer(
+        self._options: dict[str, Any] = dict(
             bootstrap_servers=kafka.bootstrap,
             client_id=client_id or kafka.client_id,
             group_id=consumer_group(kafka, group_id) if group else None,
@@ -241,6 +284,7 @@ class EventConsumer:
             request_timeout_ms=kafka.request_timeout_ms,
             **_security(kafka),
         )
+        self._consumer = AIOKafkaConsumer(**self._options)
         self._work_lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._started = False
@@ -251,7 +295,12 @@ class EventConsumer:
     async def start(self) -> None:
         if self._own_deadletter:
             await self._deadletter.start()
-        await self._consumer.start()
+
+        def fresh() -> AIOKafkaConsumer:
+            self._consumer = AIOKafkaConsumer(**self._options)
+            return self._consumer
+
+        await _start_retrying(self._consumer, fresh, self.kafka, None, f"consumer {self.group_id}")
         if self.group:
             self._consumer.subscribe(list(self.specs), listener=_Rebalance(self))
         else:

@@ -58,6 +58,9 @@ class KafkaConfig(_Section):
     poll_timeout_ms: PositiveInt = 500
     session_timeout_ms: PositiveInt = 10_000
     heartbeat_interval_ms: PositiveInt = 1_000
+    connect_wait_s: NonNegFloat = 300.0
+    """How long a service keeps retrying when the broker is unreachable as it starts (a broker restarting, or
+    started after the services) before it gives up; 0: fail at once."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap.strip():

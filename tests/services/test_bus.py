@@ -361,3 +361,63 @@ def test_consumer_groups_live_in_the_namespace() -> None:
     their own, never join (and rebalance) the live ones."""
     assert consumer_group(KafkaConfig(namespace=""), "turnstream-pairer") == "turnstream-pairer"
     assert consumer_group(KafkaConfig(namespace="r1."), "turnstream-pairer") == "r1.turnstream-pairer"
+
+
+async def test_clients_wait_for_a_broker_that_comes_up_late(kafka: KafkaConfig) -> None:
+    """A service started before the broker (or while it restarts) waits for it instead of exiting: here the
+    bootstrap address only starts answering (a TCP forwarder to the real broker) 1.5 s after the clients start."""
+    import msgspec
+
+    from services.launch import free_port
+
+    port = free_port()
+    late = msgspec.structs.replace(kafka, bootstrap=f"127.0.0.1:{port}")
+    host, broker_port = kafka.bootstrap.rsplit(":", 1)
+
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection(host, int(broker_port))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer), return_exceptions=True)
+
+    async def open_late() -> asyncio.Server:
+        await asyncio.sleep(1.5)
+        return await asyncio.start_server(forward, "127.0.0.1", port)
+
+    opener = asyncio.create_task(open_late())
+    producer = EventProducer(late)
+    consumer = EventConsumer(late, [TURNS], "late-group")
+    t0 = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(producer.start(wait_s=60), consumer.start()), 90)
+    waited = time.monotonic() - t0
+    server = await opener
+    try:
+        assert waited >= 1.0, "the clients connected before the broker answered"
+        await producer.send(TURNS, example_turn("late", 1), "late")
+        found = [r.event.turn_id async for r in read_topic(kafka, TURNS)]
+        assert found == ["late:1"]
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        server.close()
+
+
+async def test_an_unreachable_broker_fails_the_start_once_the_wait_is_over(kafka: KafkaConfig) -> None:
+    import msgspec
+    from aiokafka.errors import KafkaConnectionError
+
+    from services.launch import free_port
+
+    nowhere = msgspec.structs.replace(kafka, bootstrap=f"127.0.0.1:{free_port()}", connect_wait_s=1.0)
+    producer = EventProducer(nowhere)
+    t0 = time.monotonic()
+    with pytest.raises(KafkaConnectionError):
+        await producer.start()
+    assert 1.0 <= time.monotonic() - t0 < 15
+    with pytest.raises(KafkaConnectionError):
+        await EventProducer(nowhere).start(wait_s=0)
