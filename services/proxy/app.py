@@ -169,7 +169,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 return await state.turn_numbers.next(session_id)
         except Exception as exc:  # Redis trouble must not fail the user's request
             log.warning(
-                "turn numbering unavailable; the turn will not be recorded", extra={"error": repr(exc)}
+                "turn numbering unavailable; the turn is numbered when published", extra={"error": repr(exc)}
             )
             return None
 
@@ -180,23 +180,21 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         completion: Completion,
         created: float,
     ) -> None:
-        assert state is not None and session.session_id is not None and index_task is not None
-        if not index_task.done():  # rare: Redis slower than the engine; record once the number is known
+        assert state is not None and session.session_id is not None
+        if index_task is not None and not index_task.done():  # rare: Redis slower than the engine
             index_task.add_done_callback(
                 lambda _: finish_turn(session, index_task, body, completion, created)
             )
             return
-        index = index_task.result()
-        if index is None:
-            DROPPED.labels("redis_unavailable").inc()
-            return
+        # No number (Redis unreachable, now or when the request came): recorded unnumbered, numbered on publishing.
+        index = index_task.result() if index_task is not None else None
 
         def build() -> None:
-            assert state is not None and session.session_id is not None and index is not None
+            assert state is not None and session.session_id is not None
             try:
                 turn = build_turn(
                     session_id=session.session_id,
-                    turn_index=index,
+                    turn_index=index or 1,  # a placeholder when unnumbered
                     body=body,
                     completion=completion,
                     model=body.get("model") or pc.served_model_name,
@@ -213,7 +211,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 DROPPED.labels("internal_error").inc()
                 log.exception("recording a turn failed")
                 return
-            state.recorder.record(turn)
+            state.recorder.record(turn, unnumbered=index is None)
 
         if completion.token_ids is None or completion.prompt_token_ids is None:
             # Re-tokenizing is slow: never on the event loop.
@@ -248,8 +246,10 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 session = SessionInfo(new_session_id(), session.turn_type, session.done)
             headers["X-Session-Id"] = session.session_id  # type: ignore[assignment]
             # Numbered at arrival (a session's turns are numbered in order) but not waited for here: the Redis
-            # round trip overlaps the engine's work instead of adding to the user's latency.
-            index = asyncio.create_task(next_turn_index(session.session_id))  # type: ignore[arg-type]
+            # round trip overlaps the engine's work instead of adding to the user's latency. While turns served
+            # without Redis wait to be numbered, new ones queue behind them (see TurnRecorder.deferring).
+            if not state.recorder.deferring:
+                index = asyncio.create_task(next_turn_index(session.session_id))  # type: ignore[arg-type]
         stream = bool(body.get("stream"))
         wants = {
             "logprobs": bool(body.get("logprobs")),
@@ -465,14 +465,12 @@ async def build_state(config: Config) -> ProxyState:
         retries=config.engine.retries,
     )
     spool_dir = Path(pc.spool_dir) if pc.spool_dir else cache_dir() / "spool" / f"proxy-{pc.port}"
-    recorder = TurnRecorder(config.kafka, spool_dir, linger_s=pc.spool_linger_ms / 1000)
-    await recorder.start()
-    state = ProxyState(
-        config=config,
-        engine=engine,
-        turn_numbers=TurnNumbers(config.redis.url, config.redis.key_prefix),
-        recorder=recorder,
+    turn_numbers = TurnNumbers(config.redis.url, config.redis.key_prefix)
+    recorder = TurnRecorder(
+        config.kafka, spool_dir, linger_s=pc.spool_linger_ms / 1000, number_once=turn_numbers.number_once
     )
+    await recorder.start()
+    state = ProxyState(config=config, engine=engine, turn_numbers=turn_numbers, recorder=recorder)
     if pc.tokenizer_path:
         from services.proxy.retokenize import Retokenizer
 

@@ -6,6 +6,11 @@ publisher task sends fsync'd turns to Kafka in order, advancing the spool's curs
 acknowledged them. If the write fails (disk full), turns wait in memory, in order, and the writer retries.
 While Kafka is unreachable turns accumulate in the spool and go out, in order, once it is back; turn ids are
 stable, so a resend is recognisable downstream.
+
+Turns served while Redis is unreachable are recorded *unnumbered* (with a nonce) and numbered by the publisher as
+it sends them (``number_once``, idempotent per nonce). Numbering at publish time follows spool order, so while any
+unnumbered turn waits (or a backlog of an earlier run is unsent), ``deferring`` tells the proxy to record new
+turns unnumbered too: a session's turns keep their order.
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ import asyncio
 import contextlib
 import logging
 import struct
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 from prometheus_client import Counter, Gauge
 
-from schemas import Turn, encode
+from schemas import Turn, decode, encode
 from schemas.topics import TURNS
 from services.bus import EventProducer
 from services.config import KafkaConfig
@@ -33,23 +41,54 @@ PUBLISH_FAILURES = Counter(
 )
 SPOOLED = Gauge("turnstream_proxy_spool_pending", "Turns in the spool not yet acknowledged by Kafka")
 
+NUMBERED_LATE = Counter(
+    "turnstream_proxy_turns_numbered_late_total",
+    "Turns numbered when published (served while Redis was unreachable, or queued behind such turns)",
+)
+
 _KEY_LEN = struct.Struct("<H")
+_UNNUMBERED = (
+    0x8000  # flag in the key length (keys are session ids, at most 256 bytes): a nonce follows the key
+)
+_NONCE_LEN = 16
 
 
-def _pack(key: bytes, value: bytes) -> bytes:
-    return _KEY_LEN.pack(len(key)) + key + value
+def _pack(key: bytes, value: bytes, nonce: bytes | None = None) -> bytes:
+    if nonce is None:
+        return _KEY_LEN.pack(len(key)) + key + value
+    return _KEY_LEN.pack(len(key) | _UNNUMBERED) + key + nonce + value
 
 
-def _unpack(record: bytes) -> tuple[bytes, bytes]:
+def _unpack(record: bytes) -> tuple[bytes, bytes, bytes | None]:
+    """(key, value, nonce of an unnumbered turn or None)."""
     (n,) = _KEY_LEN.unpack_from(record)
-    return record[2 : 2 + n], record[2 + n :]
+    if not n & _UNNUMBERED:
+        return record[2 : 2 + n], record[2 + n :], None
+    n &= ~_UNNUMBERED
+    nonce_end = 2 + n + _NONCE_LEN
+    return record[2 : 2 + n], record[nonce_end:], record[2 + n : nonce_end]
+
+
+NumberOnce = Callable[[str, bytes], Awaitable[int]]
 
 
 class TurnRecorder:
     def __init__(
-        self, kafka: KafkaConfig, spool_dir: str | Path, batch: int = 256, linger_s: float = 0.05
+        self,
+        kafka: KafkaConfig,
+        spool_dir: str | Path,
+        batch: int = 256,
+        linger_s: float = 0.05,
+        number_once: NumberOnce | None = None,
     ) -> None:
         self.kafka = kafka
+        self.number_once = number_once
+        """Numbers an unnumbered turn at publish time (``TurnNumbers.number_once``)."""
+        self._unnumbered = 0
+        """Unnumbered turns recorded in this run and not numbered yet."""
+        self._backlog = 0
+        """Records of an earlier run still to publish: they may be unnumbered, so new turns wait behind them."""
+        self._numbers: dict[bytes, int] = {}
         self.spool_dir = Path(spool_dir)
         self.batch = batch
         self.linger_s = linger_s
@@ -65,6 +104,7 @@ class TurnRecorder:
     async def start(self) -> None:
         self.spool = await asyncio.to_thread(Spool, self.spool_dir)
         SPOOLED.set(self.spool.pending)
+        self._backlog = self.spool.pending
         if self.spool.pending:
             log.info(
                 "spool holds unpublished turns from a previous run", extra={"pending": self.spool.pending}
@@ -72,9 +112,20 @@ class TurnRecorder:
             self._wrote.set()
         self._tasks = [asyncio.create_task(self._writer()), asyncio.create_task(self._publisher())]
 
-    def record(self, turn: Turn) -> None:
-        """Write a turn to the spool file. Never raises on the caller's path; never waits for a disk flush."""
-        record = _pack(turn.session_id.encode(), encode(turn))
+    @property
+    def deferring(self) -> bool:
+        """Whether new turns must be recorded unnumbered (to be numbered in spool order when published)."""
+        return self._unnumbered > 0 or self._backlog > 0
+
+    def record(self, turn: Turn, *, unnumbered: bool = False) -> None:
+        """Write a turn to the spool file. Never raises on the caller's path; never waits for a disk flush.
+        An ``unnumbered`` turn's index and id are placeholders, replaced when it is published."""
+        nonce = None
+        if unnumbered:
+            nonce = uuid.uuid4().bytes
+            self._unnumbered += 1
+            NUMBERED_LATE.inc()
+        record = _pack(turn.session_id.encode(), encode(turn), nonce)
         if not self._buffer and self.spool is not None:
             try:
                 self.spool.write([record])
@@ -120,7 +171,7 @@ class TurnRecorder:
         while True:
             producer = EventProducer(self.kafka, client_id=f"{self.kafka.client_id}-proxy")
             try:
-                await producer.start()
+                await producer.start(wait_s=0)  # this loop does the retrying, counted
                 return producer
             except Exception as exc:
                 with contextlib.suppress(Exception):
@@ -162,7 +213,13 @@ class TurnRecorder:
                 continue
             futures = []
             for rec in records:
-                key, value = _unpack(rec)
+                key, value, nonce = _unpack(rec)
+                if nonce is not None:
+                    try:
+                        value = await self._numbered(key.decode(), nonce, value)
+                    except Exception as exc:  # Redis still away: this turn and all behind it wait
+                        futures.append(_failed(exc))
+                        break
                 try:
                     futures.append(await self._producer.send_raw_nowait(topic, value, key))
                 except Exception as exc:
@@ -178,6 +235,11 @@ class TurnRecorder:
                     self.spool.commit(ok)
                 else:
                     await asyncio.to_thread(self.spool.commit, ok)
+                self._backlog = max(self._backlog - ok, 0)
+                for rec in records[:ok]:
+                    nonce = _unpack(rec)[2]
+                    if nonce is not None:
+                        self._numbers.pop(nonce, None)
                 PUBLISHED.inc(ok)
                 SPOOLED.set(self.spool.pending)
                 backoff = 0.2
@@ -189,6 +251,18 @@ class TurnRecorder:
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    async def _numbered(self, session_id: str, nonce: bytes, value: bytes) -> bytes:
+        """The turn with its real number (asked once per nonce in this run; Redis remembers it across runs)."""
+        n = self._numbers.get(nonce)
+        if n is None:
+            if self.number_once is None:
+                raise RuntimeError("an unnumbered turn in the spool, and no way to number it")
+            n = await self.number_once(session_id, nonce)
+            self._numbers[nonce] = n
+            self._unnumbered = max(self._unnumbered - 1, 0)
+        turn = decode(value, Turn)
+        return encode(msgspec.structs.replace(turn, turn_index=n, turn_id=f"{session_id}:{n}"))
 
     async def stop(self, drain_timeout_s: float = 10.0) -> None:
         """Flush the buffer to the spool, give Kafka a moment to take what is spooled, then close."""

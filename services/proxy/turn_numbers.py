@@ -8,6 +8,10 @@ returns in order) resolve the waiting callers first in, first out. The address c
 everywhere else, parsed by redis-py (``redis://``, ``rediss://`` with TLS, ``unix://``; user, password and db
 are sent as ``AUTH`` and ``SELECT`` on connect). A lost connection fails the callers that were waiting and the
 next call connects again.
+
+``number_once`` is the late path, for turns served while Redis was unreachable: the recorder numbers them when it
+publishes them, and a Lua script keyed by the turn's nonce makes that idempotent (a resend after a crash gets the
+number the first attempt got).
 """
 
 from __future__ import annotations
@@ -95,10 +99,22 @@ class _Replies(asyncio.Protocol):
         return future
 
 
+# KEYS[1] the session's counter, KEYS[2] the turn's nonce; ARGV[1] how long the nonce's number is remembered.
+_NUMBER_ONCE = b"""
+local n = redis.call('GET', KEYS[2])
+if n then return tonumber(n) end
+n = redis.call('INCR', KEYS[1])
+redis.call('SET', KEYS[2], n, 'EX', ARGV[1])
+return n
+"""
+NONCE_TTL_S = 30 * 86400
+
+
 class TurnNumbers:
     def __init__(self, url: str, key_prefix: str, connect_timeout_s: float = 5.0) -> None:
         self.options = parse_url(url)
         self.prefix = f"{key_prefix}turns:".encode()
+        self.nonce_prefix = f"{key_prefix}turn-nonce:".encode()
         self.connect_timeout_s = connect_timeout_s
         self._conn: _Replies | None = None
         self._connecting: asyncio.Lock | None = None
@@ -110,6 +126,16 @@ class TurnNumbers:
             conn = await self._connect()
         key = self.prefix + session_id.encode()
         return int(await conn.send(b"*2\r\n$4\r\nINCR\r\n$%d\r\n%s\r\n" % (len(key), key)))
+
+    async def number_once(self, session_id: str, nonce: bytes) -> int:
+        """The session's next turn number for the turn identified by ``nonce``, the same one however often asked."""
+        conn = self._conn
+        if conn is None or conn.lost:
+            conn = await self._connect()
+        counter = self.prefix + session_id.encode()
+        remembered = self.nonce_prefix + nonce.hex().encode()
+        command = _command(b"EVAL", _NUMBER_ONCE, b"2", counter, remembered, str(NONCE_TTL_S).encode())
+        return int(await conn.send(command))
 
     async def _connect(self) -> _Replies:
         if self._connecting is None:

@@ -7,13 +7,21 @@ from pathlib import Path
 
 import pytest
 
+from schemas import Message, Turn
 from schemas.topics import TURNS
 from services.bus import read_topic
-from services.config import KafkaConfig
+from services.config import KafkaConfig, RedisConfig
+from services.engine.launch import free_port
 from services.proxy.recorder import TurnRecorder
+from services.proxy.turn_numbers import TurnNumbers
 from tests.strategies import example_turn
 
 pytestmark = pytest.mark.integration
+
+
+def answered(session: str, text: str) -> Turn:
+    """A turn with a placeholder number (1) and a response that tells it apart."""
+    return example_turn(session, 1, response=Message(role="assistant", content=text))
 
 
 async def test_turns_recorded_just_before_stop_are_published(kafka: KafkaConfig, tmp_path: Path) -> None:
@@ -32,3 +40,65 @@ async def test_turns_recorded_just_before_stop_are_published(kafka: KafkaConfig,
     await recorder.stop()
     published = sorted([rec.event.turn_id async for rec in read_topic(kafka, TURNS)])
     assert published == ["early:1", "late:1", "late:2"]
+
+
+async def test_unnumbered_turns_are_numbered_in_spool_order_when_published(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Turns served while Redis was unreachable carry a placeholder number; the publisher numbers them in spool
+    order (after the session's earlier, numbered turns), and while any waits the recorder says ``deferring``."""
+    numbers = TurnNumbers(redis_config.url, redis_config.key_prefix)
+    assert await numbers.next("s") == 1
+    recorder = TurnRecorder(kafka, tmp_path / "spool", linger_s=0.05, number_once=numbers.number_once)
+    await recorder.start()
+    try:
+        recorder.record(example_turn("s", 1))
+        assert not recorder.deferring
+        recorder.record(answered("s", "served without Redis"), unnumbered=True)
+        assert recorder.deferring
+        recorder.record(answered("s", "queued behind it"), unnumbered=True)
+        for _ in range(100):
+            if recorder.pending == 0 and not recorder.deferring:
+                break
+            await asyncio.sleep(0.1)
+        assert recorder.pending == 0 and not recorder.deferring
+    finally:
+        await recorder.stop()
+        await numbers.aclose()
+    published = [rec.event async for rec in read_topic(kafka, TURNS)]
+    assert [(t.turn_id, t.turn_index) for t in published] == [("s:1", 1), ("s:2", 2), ("s:3", 3)]
+    assert [t.response.text for t in published][1:] == ["served without Redis", "queued behind it"]
+
+
+async def test_unnumbered_turns_wait_for_redis_and_an_earlier_runs_backlog_defers_new_turns(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Redis unreachable: the unnumbered turn stays in the spool (nothing published out of order, nothing lost);
+    a restarted proxy finds it, defers new turns behind it, and numbers both once Redis answers."""
+    nowhere = TurnNumbers(
+        f"redis://127.0.0.1:{free_port()}/0", redis_config.key_prefix, connect_timeout_s=0.5
+    )
+    recorder = TurnRecorder(kafka, tmp_path / "spool", linger_s=0.05, number_once=nowhere.number_once)
+    await recorder.start()
+    recorder.record(answered("r", "first"), unnumbered=True)
+    await asyncio.sleep(1.5)
+    assert recorder.pending == 1 and recorder.deferring
+    await recorder.stop(drain_timeout_s=1.0)
+    numbers = TurnNumbers(redis_config.url, redis_config.key_prefix)
+    again = TurnRecorder(kafka, tmp_path / "spool", linger_s=0.05, number_once=numbers.number_once)
+    await again.start()
+    try:
+        assert again.deferring, (
+            "a backlog from an earlier run may hold unnumbered turns: new ones queue behind"
+        )
+        again.record(answered("r", "second"), unnumbered=True)
+        for _ in range(100):
+            if again.pending == 0 and not again.deferring:
+                break
+            await asyncio.sleep(0.1)
+        assert again.pending == 0 and not again.deferring
+    finally:
+        await again.stop()
+        await numbers.aclose()
+    published = [rec.event async for rec in read_topic(kafka, TURNS)]
+    assert [(t.turn_id, t.response.text) for t in published] == [("r:1", "first"), ("r:2", "second")]

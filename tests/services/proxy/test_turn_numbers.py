@@ -121,3 +121,24 @@ async def test_a_reply_that_came_too_late_is_not_given_to_the_next_caller() -> N
     finally:
         await numbers.aclose()
         server.close()
+
+
+async def test_numbering_once_per_nonce_is_idempotent_and_shares_the_counter(
+    redis_config: RedisConfig, redis_client: aioredis.Redis
+) -> None:
+    """The late path (turns served while Redis was away): asking again for one nonce (a resend after a crash,
+    from another process too) gets the same number; other nonces and arrival numbering share one counter."""
+    a, b = (TurnNumbers(redis_config.url, redis_config.key_prefix) for _ in range(2))
+    try:
+        assert await a.next("s") == 1
+        first, second = uuid.uuid4().bytes, uuid.uuid4().bytes
+        assert await a.number_once("s", first) == 2
+        assert await b.number_once("s", first) == 2
+        assert await a.number_once("s", second) == 3
+        assert await b.next("s") == 4
+        assert await a.number_once("s", first) == 2
+        ttl = await redis_client.ttl(f"{redis_config.key_prefix}turn-nonce:{first.hex()}")
+        assert ttl > 86400, "a nonce's number is remembered for as long as a spool may hold the turn"
+    finally:
+        await a.aclose()
+        await b.aclose()
