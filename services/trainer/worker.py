@@ -23,7 +23,14 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import DecodeError, Sample, WeightsPublished, decode
 from schemas.topics import MAX_MESSAGE_BYTES, SAMPLES, WEIGHTS
-from services.bus import EventProducer, _security, consumer_group, dead_letter_record, topic_partitions
+from services.bus import (
+    EventProducer,
+    _security,
+    consumer_group,
+    dead_letter_record,
+    read_topic,
+    topic_partitions,
+)
 from services.config import Config
 from services.metrics import serve_metrics
 from services.trainer.checkpoints import CheckpointMeta, TrainerStore
@@ -235,7 +242,9 @@ async def run_trainer(
                 )
             consumer.seek(tp, start[tp.partition])
         pending = _Pending(start)
-        if resumed:  # re-announce: the version may never have been published before the restart
+        # A kill between the checkpoint and the announcement leaves the newest version unannounced: announce it
+        # now, unless it went out (each version is announced once).
+        if resumed and await _announced_version(kafka) < trainer.version:
             await producer.send(
                 WEIGHTS, trainer.announcement(str(store.versions / f"v{trainer.version}")), "policy"
             )
@@ -282,6 +291,15 @@ async def run_trainer(
         await asyncio.to_thread(trainer.stop)
         await consumer.stop()
         await producer.stop()
+
+
+async def _announced_version(kafka: Any) -> int:
+    """The newest version on ``weights`` (0 when none)."""
+    newest = 0
+    async for rec in read_topic(kafka, WEIGHTS):
+        if isinstance(rec.event, WeightsPublished):
+            newest = max(newest, rec.event.version)
+    return newest
 
 
 def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> None:

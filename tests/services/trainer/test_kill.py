@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from schemas.topics import WEIGHTS
+from services.bus import read_topic
 from services.config import KafkaConfig
 from services.launch import ServiceProcess, free_port
 from services.trainer.checkpoints import TrainerStore
@@ -73,3 +75,5 @@ async def test_kill9_during_and_between_steps_trains_each_sample_once(
     trained = [sid for step in found[0].trained for sid in step]
     assert sorted(trained) == sorted(s.sample_id for s in samples), "each sample once, none skipped"
     assert len(found[0].trained) == STEPS and all(len(step) == 4 for step in found[0].trained)
+    announced = [rec.event.version async for rec in read_topic(kafka, WEIGHTS)]
+    assert sorted(announced) == list(range(1, STEPS + 1)), "each weight version announced once, none missing"

@@ -17,6 +17,7 @@ from schemas import WeightsPublished
 from schemas.topics import WEIGHTS
 from services.bus import read_topic
 from services.config import Config, KafkaConfig, TrainerConfig
+from services.topics import create_topics
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import ModelSpec, read_hf_weights
 from services.trainer.worker import run_trainer
@@ -74,9 +75,27 @@ async def test_steps_publish_versions_and_a_restart_resumes_at_the_checkpoint(
     assert sorted(trained) == sorted(s.sample_id for s in first + [make_sample(i) for i in range(10, 16)])
     assert len(trained) == len(set(trained)) == 16
     versions = [r.event.version async for r in read_topic(kafka, WEIGHTS)]
-    assert versions == [1, 2, 2, 3, 4], "the restart re-announces v2, then publishes v3 and v4"
+    assert versions == [1, 2, 3, 4], "v2 was announced: the restart does not announce it again"
     meta = json.loads((out / "checkpoints" / "latest.json").read_text())
     assert meta["version"] == 4
+
+    # A checkpoint whose announcement never reached `weights` (a kill in between; here: a fresh namespace):
+    # the restart announces it, once, before training on.
+    elsewhere = msgspec.structs.replace(kafka, namespace=kafka.namespace.rstrip(".") + "-b.")
+    await create_topics(elsewhere, partitions=3)
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        run_trainer(config(elsewhere, tiny_llama, out), install_signals=False, stop=stop)
+    )
+    try:
+        for _ in range(600):
+            if [r.event.version async for r in read_topic(elsewhere, WEIGHTS)] or task.done():
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+    assert [r.event.version async for r in read_topic(elsewhere, WEIGHTS)] == [4]
 
 
 async def test_stale_samples_are_dropped(kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path) -> None:
