@@ -53,3 +53,5 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], data: bytes) -> Any:
         raise DecodeError(kind, message) from exc
     except msgspec.DecodeError as exc:
         raise DecodeError("decode", f"not a msgpack event: {exc}") from exc
+    except RecursionError as exc:  # a free-form field (tools, content parts) nested without end
+        raise DecodeError("decode", "not a msgpack event: nested too deeply") from exc

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from schemas import Message
 from services.config import Config
 from services.engine_client import (
     EngineClient,
@@ -115,11 +116,32 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+_INT64 = 2**63 - 1
+# Sampling settings the proxy checks itself (type and OpenAI's range), so that a bad value is a clear 400 rather
+# than whatever an engine makes of it: (lowest, highest, integer?).
+_SAMPLING: dict[str, tuple[float, float, bool]] = {
+    "max_tokens": (1, 2**31 - 1, True),
+    "max_completion_tokens": (1, 2**31 - 1, True),
+    "n": (1, 128, True),
+    "seed": (-_INT64 - 1, _INT64, True),
+    "top_logprobs": (0, 20, True),
+    "top_k": (-1, 2**31 - 1, True),
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, False),
+    "min_p": (0.0, 1.0, False),
+    "presence_penalty": (-2.0, 2.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+    "repetition_penalty": (0.0, 2.0, False),
+}
+
+
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
         body = _json_decoder.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # invalid UTF-8 surfaces as UnicodeDecodeError
         raise BadInput(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput(400, "the body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise BadInput(400, "the body must be a JSON object")
     messages = body.get("messages")
@@ -128,8 +150,32 @@ def _parse(raw: bytes) -> dict[str, Any]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadInput(400, f"messages[{i}] must be an object with a string 'role'")
+    try:  # the contract's own check (~2 us): a request it refuses would be served and never recorded
+        msgspec.convert(messages, list[Message])
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise BadInput(400, f"'messages' is not a valid chat: {exc}".replace("`$", "`messages")) from None
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadInput(400, "'stream' must be a boolean")
+    if not isinstance(body.get("model"), str | None):
+        raise BadInput(400, "'model' must be a string")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise BadInput(400, "'tools' must be an array of objects")
+    stop = body.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))
+    ):
+        raise BadInput(400, "'stop' must be a string or an array of strings")
+    for name in _SAMPLING.keys() & body.keys():
+        value = body[name]
+        if value is None:
+            continue
+        low, high, integer = _SAMPLING[name]
+        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+            kind = "an integer" if integer else "a number"
+            raise BadInput(400, f"'{name}' must be {kind}", "invalid_value")
+        if not low <= value <= high:  # NaN fails this too
+            raise BadInput(400, f"'{name}' must be between {low} and {high}, got {value}", "invalid_value")
     return body
 
 

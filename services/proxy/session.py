@@ -33,6 +33,10 @@ def _flag(value: Any) -> bool:
 def session_info(headers: Headers, body: dict[str, Any]) -> SessionInfo:
     """Read the session fields and strip the body's copies (the engine must not see them). Headers win."""
     b_sid, b_type, b_done = (body.pop(k, None) for k in BODY_FIELDS)
+    if not isinstance(b_sid, str | None) or not isinstance(b_type, str | None):
+        raise SessionError("'session_id' and 'turn_type' in the body must be strings")
+    if not isinstance(b_done, bool | str | None):
+        raise SessionError("'session_done' in the body must be a boolean")
     sid = headers.get("x-session-id") or b_sid
     turn_type = (headers.get("x-turn-type") or b_type or "main").strip().lower()
     if turn_type not in ("main", "side"):
@@ -40,8 +44,8 @@ def session_info(headers: Headers, body: dict[str, Any]) -> SessionInfo:
     done_raw = headers.get("x-session-done")
     done = _flag(done_raw) if done_raw is not None else (_flag(b_done) if b_done is not None else False)
     if sid is not None:
-        sid = str(sid).strip()
-        if not sid or len(sid) > 256 or any(c in sid for c in "\r\n\0"):
+        sid = sid.strip()
+        if not sid or len(sid) > 256 or any(c < " " or c == "\x7f" for c in sid):
             raise SessionError("X-Session-Id must be 1-256 printable characters")
     return SessionInfo(sid or None, turn_type, done)
 

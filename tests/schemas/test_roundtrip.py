@@ -49,3 +49,19 @@ def test_garbage_never_decodes_silently(garbage: bytes) -> None:
         assert exc.kind in ("decode", "validation")
     else:  # only a genuine encoded event may decode
         assert encode(event) == garbage
+
+
+def test_a_record_nested_without_end_is_a_decode_error_not_a_crash() -> None:
+    """Free-form fields (tools, content parts) take any JSON-like value: 100,000 levels of nesting in one must be
+    a DecodeError (dead-lettered by the consumer), not a RecursionError that escapes the consumer's handling."""
+    from schemas import Turn
+    from tests.strategies import example_turn
+
+    raw = encode(example_turn("s", 1, tools=[{"a": 1}]))
+    tools = b"\x91\x81\xa1a\x01"  # [{"a": 1}]
+    assert raw.count(tools) == 1
+    deep = raw.replace(tools, b"\x91\x81\xa1a" + b"\x91" * 100_000 + b"\xc0")
+    with pytest.raises(DecodeError, match="nested too deeply"):
+        decode(deep, Turn)
+    with pytest.raises(DecodeError):
+        decode_any(deep)

@@ -1,0 +1,229 @@
+"""Hostile input against a live proxy (in front of the stub engine, Kafka recording on): fuzzed bodies and headers
+(hypothesis), raw bytes, and the classic abuses. The proxy never answers 5xx (the stub engine never fails), every
+error has OpenAI's shape, nothing reaches the unexpected-error handler, and it keeps serving."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.config import KafkaConfig, RedisConfig
+from services.launch import free_port
+from tests.services.proxy.conftest import ProxyProcess
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def stub_proxy(kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path) -> Iterator[ProxyProcess]:
+    port = free_port()
+    stub = subprocess.Popen(
+        [sys.executable, str(REPO / "bench/stub_engine.py"), "--port", str(port), "--latency-ms", "1"]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "stub engine did not start"
+                time.sleep(0.1)
+        proxy = ProxyProcess(
+            {
+                "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+                "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+                "TURNSTREAM_REDIS_URL": redis_config.url,
+                "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
+                "TURNSTREAM_ENGINE_URL": f"http://127.0.0.1:{port}",
+                "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
+                "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
+                "TURNSTREAM_PROXY_MAX_BODY_BYTES": "65536",
+            }
+        )
+        yield proxy
+        metrics = httpx.get(proxy.url + "/metrics", timeout=10).text
+        dropped = re.findall(r"^turnstream_proxy_turns_dropped_total\{[^}]*\} (\S+)$", metrics, re.M)
+        assert sum(float(x) for x in dropped) == 0, "every main turn the proxy served was recorded"
+        proxy.stop()
+        log = Path(proxy.logfile.name).read_text()
+        assert "Traceback" not in log and "unexpected" not in log.lower(), log[-4000:]
+    finally:
+        stub.terminate()
+        stub.wait(10)
+
+
+def check(r: httpx.Response) -> None:
+    """Never a 5xx; an error is OpenAI's shape: {"error": {"message": str, "type": str, "param", "code"}}."""
+    assert r.status_code < 500, (r.status_code, r.text[:500])
+    if r.status_code != 200:
+        error = r.json()["error"]
+        assert isinstance(error["message"], str) and error["message"]
+        assert isinstance(error["type"], str) and "param" in error and "code" in error
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+roles = st.sampled_from(["system", "user", "assistant", "tool", "developer"]) | st.text(max_size=8)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": roles},
+        optional={
+            "content": st.text(max_size=40) | json_values,
+            "tool_calls": json_values,
+            "tool_call_id": json_values,
+            "name": json_values,
+        },
+    ),
+    max_size=4,
+)
+chat_bodies = st.fixed_dictionaries(
+    {"messages": messages | json_values},
+    optional={
+        "model": json_values,
+        "stream": st.booleans() | json_values,
+        "max_tokens": st.integers() | json_values,
+        "temperature": st.floats(allow_nan=False, allow_infinity=False) | json_values,
+        "top_p": st.floats(allow_nan=False, allow_infinity=False) | json_values,
+        "n": st.integers(-2, 4) | json_values,
+        "seed": st.integers() | json_values,
+        "stop": json_values,
+        "tools": json_values,
+        "tool_choice": json_values,
+        "logprobs": json_values,
+        "top_logprobs": json_values,
+        "session_id": json_values,
+        "turn_type": json_values,
+        "session_done": json_values,
+    },
+)
+header_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=300).map(str.strip)
+headers = st.fixed_dictionaries(
+    {},
+    optional={
+        "X-Session-Id": header_text,
+        "X-Turn-Type": st.sampled_from(["main", "side", "MAIN", "", "other"]) | header_text,
+        "X-Session-Done": st.sampled_from(["true", "false", "1", "yes", ""]) | header_text,
+        "Authorization": header_text,
+    },
+)
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
+@given(body=chat_bodies, extra=headers)
+def test_fuzzed_chat_requests_get_answers_or_openai_errors(
+    stub_proxy: ProxyProcess, body: dict[str, Any], extra: dict[str, str]
+) -> None:
+    r = httpx.post(stub_proxy.url + "/v1/chat/completions", json=body, headers=extra, timeout=30)
+    check(r)
+
+
+@FUZZ
+@given(raw=st.binary(max_size=300) | json_values.map(lambda v: httpx.Request("POST", "/", json=v).content))
+def test_fuzzed_raw_bodies_get_openai_errors(stub_proxy: ProxyProcess, raw: bytes) -> None:
+    r = httpx.post(
+        stub_proxy.url + "/v1/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    check(r)
+    assert r.status_code in (200, 400)
+
+
+ABUSE: list[tuple[str, bytes, int, str]] = [
+    (
+        "deeply nested",
+        b'{"messages": [{"role": "user", "content": ' + b"[" * 20_000 + b"]" * 20_000 + b"}]}",
+        400,
+        "nested",
+    ),
+    ("invalid UTF-8", b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', 400, "JSON"),
+    ("oversized", b'{"messages": [{"role": "user", "content": "' + b"x" * 70_000 + b'"}]}', 413, "exceeds"),
+    (
+        "absurd max_tokens",
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000000000000}',
+        400,
+        "max_tokens",
+    ),
+    (
+        "huge integer",
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1' + b"0" * 400 + b"}",
+        400,
+        "",
+    ),
+    (
+        "negative max_tokens",
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}',
+        400,
+        "max_tokens",
+    ),
+    (
+        "negative temperature",
+        b'{"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}',
+        400,
+        "temperature",
+    ),
+    (
+        "non-numeric temperature",
+        b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}',
+        400,
+        "temperature",
+    ),
+    ("boolean top_p", b'{"messages": [{"role": "user", "content": "x"}], "top_p": true}', 400, "top_p"),
+    (
+        "infinite top_p",
+        b'{"messages": [{"role": "user", "content": "x"}], "top_p": 1e400}',
+        400,
+        "out of range",
+    ),
+    ("content of a wrong type", b'{"messages": [{"role": "user", "content": 5}]}', 400, "content"),
+    (
+        "null byte session",
+        b'{"messages": [{"role": "user", "content": "x"}], "session_id": "a\\u0000b"}',
+        400,
+        "ession",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "status", "needle"), ABUSE, ids=[a[0] for a in ABUSE])
+def test_abuse_is_refused_clearly_and_the_proxy_keeps_serving(
+    stub_proxy: ProxyProcess, name: str, raw: bytes, status: int, needle: str
+) -> None:
+    r = httpx.post(
+        stub_proxy.url + "/v1/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    check(r)
+    assert r.status_code == status, r.text[:300]
+    assert needle in r.json()["error"]["message"]
+    ok = httpx.post(
+        stub_proxy.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "still there?"}], "max_tokens": 4},
+        timeout=30,
+    )
+    assert ok.status_code == 200
