@@ -4,6 +4,7 @@ error has OpenAI's shape, nothing reaches the unexpected-error handler, and it k
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from schemas import encode
 from services.config import KafkaConfig, RedisConfig
 from services.launch import free_port
 from tests.services.proxy.conftest import ProxyProcess
@@ -26,13 +28,15 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture
-def stub_proxy(kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path) -> Iterator[ProxyProcess]:
-    port = free_port()
-    stub = subprocess.Popen(
-        [sys.executable, str(REPO / "bench/stub_engine.py"), "--port", str(port), "--latency-ms", "1"]
-    )
-    try:
+class StubProxy:
+    """bench/stub_engine.py behind ``turnstream proxy`` (recording into the test's namespace). ``close`` checks
+    that every main turn served was recorded and that nothing reached the unexpected-error handler."""
+
+    def __init__(self, kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path, **env: str) -> None:
+        port = free_port()
+        self.stub = subprocess.Popen(
+            [sys.executable, str(REPO / "bench/stub_engine.py"), "--port", str(port), "--latency-ms", "1"]
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -41,7 +45,7 @@ def stub_proxy(kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path) ->
             except httpx.HTTPError:
                 assert time.monotonic() < deadline, "stub engine did not start"
                 time.sleep(0.1)
-        proxy = ProxyProcess(
+        self.proxy = ProxyProcess(
             {
                 "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
                 "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
@@ -51,18 +55,31 @@ def stub_proxy(kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path) ->
                 "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
                 "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
                 "TURNSTREAM_PROXY_MAX_BODY_BYTES": "65536",
+                **env,
             }
         )
-        yield proxy
-        metrics = httpx.get(proxy.url + "/metrics", timeout=10).text
-        dropped = re.findall(r"^turnstream_proxy_turns_dropped_total\{[^}]*\} (\S+)$", metrics, re.M)
-        assert sum(float(x) for x in dropped) == 0, "every main turn the proxy served was recorded"
-        proxy.stop()
-        log = Path(proxy.logfile.name).read_text()
+        self.url = self.proxy.url
+
+    def close(self) -> str:
+        """Stop both; returns the proxy's log."""
+        try:
+            metrics = httpx.get(self.url + "/metrics", timeout=10).text
+            dropped = re.findall(r"^turnstream_proxy_turns_dropped_total\{[^}]*\} (\S+)$", metrics, re.M)
+            assert sum(float(x) for x in dropped) == 0, "every main turn the proxy served was recorded"
+        finally:
+            self.proxy.stop()
+            self.stub.terminate()
+            self.stub.wait(10)
+        log = Path(self.proxy.logfile.name).read_text()
         assert "Traceback" not in log and "unexpected" not in log.lower(), log[-4000:]
-    finally:
-        stub.terminate()
-        stub.wait(10)
+        return log
+
+
+@pytest.fixture
+def stub_proxy(kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path) -> Iterator[StubProxy]:
+    proxy = StubProxy(kafka, redis_config, tmp_path)
+    yield proxy
+    proxy.close()
 
 
 def check(r: httpx.Response) -> None:
@@ -133,7 +150,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 @FUZZ
 @given(body=chat_bodies, extra=headers)
 def test_fuzzed_chat_requests_get_answers_or_openai_errors(
-    stub_proxy: ProxyProcess, body: dict[str, Any], extra: dict[str, str]
+    stub_proxy: StubProxy, body: dict[str, Any], extra: dict[str, str]
 ) -> None:
     r = httpx.post(stub_proxy.url + "/v1/chat/completions", json=body, headers=extra, timeout=30)
     check(r)
@@ -141,7 +158,7 @@ def test_fuzzed_chat_requests_get_answers_or_openai_errors(
 
 @FUZZ
 @given(raw=st.binary(max_size=300) | json_values.map(lambda v: httpx.Request("POST", "/", json=v).content))
-def test_fuzzed_raw_bodies_get_openai_errors(stub_proxy: ProxyProcess, raw: bytes) -> None:
+def test_fuzzed_raw_bodies_get_openai_errors(stub_proxy: StubProxy, raw: bytes) -> None:
     r = httpx.post(
         stub_proxy.url + "/v1/chat/completions",
         content=raw,
@@ -210,7 +227,7 @@ ABUSE: list[tuple[str, bytes, int, str]] = [
 
 @pytest.mark.parametrize(("name", "raw", "status", "needle"), ABUSE, ids=[a[0] for a in ABUSE])
 def test_abuse_is_refused_clearly_and_the_proxy_keeps_serving(
-    stub_proxy: ProxyProcess, name: str, raw: bytes, status: int, needle: str
+    stub_proxy: StubProxy, name: str, raw: bytes, status: int, needle: str
 ) -> None:
     r = httpx.post(
         stub_proxy.url + "/v1/chat/completions",
@@ -227,3 +244,46 @@ def test_abuse_is_refused_clearly_and_the_proxy_keeps_serving(
         timeout=30,
     )
     assert ok.status_code == 200
+
+
+async def test_no_secret_reaches_the_logs_or_the_events(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """The proxy's API key, the engine's API key and a wrong key a client sent: in no log line (DEBUG level), no
+    response and no recorded event. (``config show`` masks them too: tests/services/test_config.py.)"""
+    from schemas.topics import TURNS
+    from services.bus import read_topic
+
+    secrets = {"proxy": "sk-proxy-5ecret", "engine": "sk-engine-5ecret", "wrong": "sk-wrong-5ecret"}
+    proxy = StubProxy(
+        kafka,
+        redis_config,
+        tmp_path,
+        TURNSTREAM_PROXY_API_KEY=secrets["proxy"],
+        TURNSTREAM_ENGINE_API_KEY=secrets["engine"],
+        TURNSTREAM_LOGGING_LEVEL="DEBUG",
+    )
+    try:
+        body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+        async with httpx.AsyncClient(timeout=30) as http:
+            url = proxy.url + "/v1/chat/completions"
+            denied = await http.post(url, json=body, headers={"Authorization": f"Bearer {secrets['wrong']}"})
+            assert denied.status_code == 401 and secrets["wrong"] not in denied.text
+            for i in range(3):
+                ok = await http.post(
+                    url,
+                    json=body,
+                    headers={"Authorization": f"Bearer {secrets['proxy']}", "X-Session-Id": f"sec-{i}"},
+                )
+                assert ok.status_code == 200 and not any(v in ok.text for v in secrets.values())
+        for _ in range(50):
+            raw = [encode(r.event) async for r in read_topic(kafka, TURNS)]
+            if len(raw) == 3:
+                break
+            await asyncio.sleep(0.2)
+        assert len(raw) == 3
+        for event in raw:
+            assert not any(v.encode() in event for v in secrets.values())
+    finally:
+        log = proxy.close()
+    assert not any(v in log for v in secrets.values())
