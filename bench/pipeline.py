@@ -28,21 +28,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra import Started, start_kafka, start_redis, stop_started
-from pipeline_rig import JUDGE_ID, Pipeline, Stages, account, drive, read_all, request_of
+from pipeline_rig import GROUPS, JUDGE_ID, Pipeline, Stages, account, drive, read_all, request_of
 from tqdm import tqdm
 
-from schemas.topics import JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED
+from schemas.topics import SAMPLES
 from services.bus import read_topic
 from services.config import DispatcherConfig, JudgeConfig, KafkaConfig, PairerConfig, TeacherConfig
 from services.model_store import fetch_smollm2
 from services.topics import create_topics, group_lag
 
-GROUPS = {
-    PairerConfig().group_id: (TURNS,),
-    JudgeConfig(judge_id=JUDGE_ID).group_id: (TURNS_PAIRED,),
-    TeacherConfig().group_id: (JUDGMENTS,),
-    DispatcherConfig().group_id: (JUDGMENTS, TEACHER),
-}
 STAGE = {
     PairerConfig().group_id: "pairer",
     JudgeConfig(judge_id=JUDGE_ID).group_id: "judge",

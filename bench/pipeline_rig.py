@@ -34,12 +34,18 @@ import httpx
 from schemas import DeadLetter, Judgment, PairedTurn, Sample, TeacherScores, Turn, WeightsPublished
 from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED, WEIGHTS
 from services.bus import read_topic
-from services.config import KafkaConfig
+from services.config import DispatcherConfig, JudgeConfig, KafkaConfig, PairerConfig, TeacherConfig
 from services.launch import ServiceProcess, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 JUDGE_ID = "rig"
-SERVICES = ("proxy", "pairer", "judge", "teacher", "dispatcher")
+GROUPS = {
+    PairerConfig().group_id: (TURNS,),
+    JudgeConfig(judge_id=JUDGE_ID).group_id: (TURNS_PAIRED,),
+    TeacherConfig().group_id: (JUDGMENTS,),
+    DispatcherConfig().group_id: (JUDGMENTS, TEACHER),
+}
+"""Each consumer group of the pipeline and the topics it reads (for ``services.topics.group_lag``)."""
 
 
 @dataclass
@@ -50,6 +56,9 @@ class Stages:
     judge_latency_ms: float = 50.0
     teacher_latency_ms: float = 20.0
     policy_fail_every: int = 0
+    policy_slow_every: int = 0
+    """Every Nth policy call answers after ``slow_ms`` (set the proxy's engine timeout below it for timeouts)."""
+    slow_ms: float = 2000.0
     judge_fail_every: int = 0
     teacher_fail_every: int = 0
     judge_workers: int = 1
@@ -62,7 +71,7 @@ class Stages:
 class Stub:
     """A stub engine script in its own process, ready once /health answers."""
 
-    def __init__(self, script: str, latency_ms: float, fail_every: int, log: Path) -> None:
+    def __init__(self, script: str, latency_ms: float, fail_every: int, log: Path, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log, "a")
@@ -76,6 +85,7 @@ class Stub:
                 str(latency_ms),
                 "--fail-every",
                 str(fail_every),
+                *extra,
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -125,7 +135,11 @@ class Pipeline:
         s = self.stages
         try:
             self.stubs["policy"] = Stub(
-                "stub_engine.py", s.policy_latency_ms, s.policy_fail_every, self.workdir / "stub-policy.log"
+                "stub_engine.py",
+                s.policy_latency_ms,
+                s.policy_fail_every,
+                self.workdir / "stub-policy.log",
+                *("--slow-every", str(s.policy_slow_every), "--slow-ms", str(s.slow_ms)),
             )
             self.stubs["judge"] = Stub(
                 "stub_judge.py", s.judge_latency_ms, s.judge_fail_every, self.workdir / "stub-judge.log"
@@ -185,9 +199,9 @@ class Pipeline:
             **s.extra_env,
         }
 
-    def start_service(self, name: str) -> None:
+    def start_service(self, name: str, env_overrides: dict[str, str] | None = None) -> None:
         port = self.ports.setdefault(name, free_port())
-        env = self.env()
+        env = {**self.env(), **(env_overrides or {})}
         if name == "proxy":
             args, ready = ["proxy", "--port", str(port)], "/healthz"
         else:
@@ -198,6 +212,10 @@ class Pipeline:
             self.procs[name] = ServiceProcess(args, port=port, ready_path=ready, env=env, log=log)
         finally:
             log.close()
+
+    def stop_service(self, name: str) -> None:
+        """SIGTERM: the service finishes what it holds and exits."""
+        self.procs.pop(name).stop()
 
     def kill(self, name: str) -> None:
         """``kill -9``: no flush, no commit, no goodbye."""
@@ -338,7 +356,7 @@ class Topics:
 
 async def read_all(kafka: KafkaConfig) -> Topics:
     async def events(spec: Any) -> list[Any]:
-        return [r.event async for r in read_topic(kafka, spec)]
+        return [r.event async for r in read_topic(kafka, spec, skip_undecodable=True)]
 
     return Topics(
         turns=await events(TURNS),
@@ -356,17 +374,23 @@ OUTPUTS = ("paired", "judgments", "teacher", "samples")
 
 @dataclass
 class Account:
-    """Per topic: records expected and found, and the turn ids missing or duplicated. Expected counts are per
-    recorded turn: 1 pairing; for a turn that is not its session's last, an eval and a hint judgment and one sample
-    (combine mode), and teacher scores when the next state was a correction."""
+    """Per topic: records expected and found, and the turn ids missing or duplicated.
+
+    Expected, per recorded turn: one pairing; for a turn that is not its session's last, an eval and a hint
+    judgment and one sample (combine mode), and teacher scores when the next state was a correction. Found counts
+    distinct keys (DESIGN §5: turn id; turn id/judge id/kind; turn id/judge id; sample id): delivery is
+    at-least-once, so a key seen twice on an intermediate topic is a redelivery, harmless by design and reported
+    apart. A sample is what gets trained: two with one sample id are a duplicate, as is a second turn id for one
+    answered request."""
 
     expected: dict[str, int]
     found: dict[str, int]
     missing: dict[str, list[str]]
     duplicated: dict[str, list[str]]
+    redelivered: dict[str, int]
     recorded_unanswered: list[str]
     """Turns the engine produced and the proxy recorded whose answer never reached the user (the proxy died in
-    between): real turns, which flow through like the others."""
+    between, the user retried): real turns, which flow through like the others."""
 
     @property
     def exact(self) -> bool:
@@ -378,6 +402,7 @@ class Account:
             "found": self.found,
             "missing": {k: len(v) for k, v in self.missing.items()},
             "duplicated": {k: len(v) for k, v in self.duplicated.items()},
+            "redelivered": self.redelivered,
             "recorded_but_never_answered": len(self.recorded_unanswered),
         }
 
@@ -386,10 +411,11 @@ def account(topics: Topics, driven: Driven, prefix: str) -> Account:
     turns: dict[str, Turn] = {}
     duplicated: dict[str, list[str]] = {k: [] for k in ("turns", *OUTPUTS)}
     missing: dict[str, list[str]] = {k: [] for k in ("turns", *OUTPUTS)}
+    redelivered = dict.fromkeys(("turns", *OUTPUTS), 0)
     for t in topics.turns:
         if t.session_id.startswith(prefix):
             if t.turn_id in turns:
-                duplicated["turns"].append(t.turn_id)
+                redelivered["turns"] += 1
             turns[t.turn_id] = t
     by_request: dict[tuple[str, int], list[Turn]] = {}
     for t in turns.values():
@@ -397,8 +423,8 @@ def account(topics: Topics, driven: Driven, prefix: str) -> Account:
         if key is not None:
             by_request.setdefault(key, []).append(t)
     missing["turns"] = [f"{sid}:[turn {k}]" for sid, k in sorted(driven.answered - set(by_request))]
-    # A request answered twice (the first answer lost with a killed proxy, the retry answered): the retry's turn
-    # is the one in the user's history; the earlier one was produced too and is accounted as unanswered.
+    # A request answered twice (the first answer lost with a killed proxy, the user retried): the retry's turn is
+    # the one in the user's history; the earlier one was produced too and is accounted as unanswered.
     unanswered = [
         t.turn_id for ts in by_request.values() for t in sorted(ts, key=lambda t: t.turn_index)[:-1]
     ]
@@ -411,18 +437,25 @@ def account(topics: Topics, driven: Driven, prefix: str) -> Account:
         elif key is None or tid in unanswered:  # its next state is whatever came next: teacher depends on it
             want[tid] = {"paired": 1, "judgments": 2, "teacher": None, "samples": 1}
         else:
-            session = int(key[0][len(prefix) :])
-            wrong = corrected(session, key[1])
+            wrong = corrected(int(key[0][len(prefix) :]), key[1])
             want[tid] = {"paired": 1, "judgments": 2, "teacher": int(wrong), "samples": 1}
-    got = {
-        "paired": Counter(p.turn.turn_id for p in topics.paired),
-        "judgments": Counter(j.turn_id for j in topics.judgments),
-        "teacher": Counter(s.turn_id for s in topics.teacher),
-        "samples": Counter(s.sample_id for s in topics.samples),
+    keys: dict[str, list[tuple[str, str]]] = {
+        "paired": [(p.turn.turn_id, "") for p in topics.paired],
+        "judgments": [(j.turn_id, f"{j.judge_id}/{j.kind}") for j in topics.judgments],
+        "teacher": [(s.turn_id, s.judge_id) for s in topics.teacher],
+        "samples": [(s.sample_id, "") for s in topics.samples],
     }
-    for topic, c in got.items():
+    found: dict[str, int] = {"turns": len(turns)}
+    for topic, ks in keys.items():
+        ks = [k for k in ks if k[0] in want]
+        copies = Counter(ks)
+        redelivered[topic] = sum(n - 1 for n in copies.values())
+        if topic == "samples":
+            duplicated[topic] = sorted(tid for (tid, _), n in copies.items() if n > 1)
+        per_turn = Counter(tid for tid, _ in copies)
+        found[topic] = len(copies)
         for tid, w in want.items():
-            n, expect = c.get(tid, 0), w[topic]
+            n, expect = per_turn.get(tid, 0), w[topic]
             if expect is None:
                 if n > 1:
                     duplicated[topic].append(tid)
@@ -435,11 +468,9 @@ def account(topics: Topics, driven: Driven, prefix: str) -> Account:
             "turns": len(driven.answered),
             **{k: sum(w[k] or 0 for w in want.values()) for k in OUTPUTS},
         },
-        found={
-            "turns": len(turns),
-            **{k: sum(n for tid, n in c.items() if tid in want) for k, c in got.items()},
-        },
+        found=found,
         missing=missing,
         duplicated=duplicated,
+        redelivered=redelivered,
         recorded_unanswered=sorted(unanswered),
     )

@@ -2,9 +2,10 @@
 engine's) shapes after a fixed latency, with a fixed number of tokens and their log-probs, streamed or not, and
 /generate's prefill scoring (``max_new_tokens`` 0, ``input_token_logprobs`` from ``logprob_start_len``) the way the
 teacher asks for it. It runs in its own process so that it never shares an event loop with what is measured.
-``--fail-every N`` answers every Nth chat or generate request with HTTP 500 (an engine error at a fixed rate).
+``--fail-every N`` answers every Nth chat or generate request with HTTP 500 (an engine error at a fixed rate);
+``--slow-every N`` answers every Nth after ``--slow-ms`` instead (a timeout, for a client that waits less).
 
-    python bench/stub_engine.py --port 31000 [--latency-ms 20] [--tokens 60] [--fail-every 0]
+    python bench/stub_engine.py --port 31000 [--latency-ms 20] [--tokens 60] [--fail-every 0] [--slow-every 0]
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ def scored(body: bytes) -> bytes:
     return json.dumps({"text": "", "output_ids": [], "meta_info": meta}).encode()
 
 
-async def main(port: int, latency_s: float, tokens: int, fail_every: int = 0) -> None:
+async def main(
+    port: int, latency_s: float, tokens: int, fail_every: int = 0, slow_every: int = 0, slow_s: float = 2.0
+) -> None:
     full, chunks = build(tokens)
     info = reply(200, b'{"weight_version": "0", "model_path": "stub"}')
     complete = reply(200, full)
@@ -119,7 +122,7 @@ async def main(port: int, latency_s: float, tokens: int, fail_every: int = 0) ->
         if path in ("/health", "/get_model_info"):
             return info
         calls += 1
-        await asyncio.sleep(latency_s)
+        await asyncio.sleep(slow_s if slow_every and calls % slow_every == 0 else latency_s)
         if fail_every and calls % fail_every == 0:
             return failure
         if path == "/generate":
@@ -135,5 +138,7 @@ if __name__ == "__main__":
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--tokens", type=int, default=60)
     ap.add_argument("--fail-every", type=int, default=0)
+    ap.add_argument("--slow-every", type=int, default=0)
+    ap.add_argument("--slow-ms", type=float, default=2000.0)
     a = ap.parse_args()
-    asyncio.run(main(a.port, a.latency_ms / 1000, a.tokens, a.fail_every))
+    asyncio.run(main(a.port, a.latency_ms / 1000, a.tokens, a.fail_every, a.slow_every, a.slow_ms / 1000))

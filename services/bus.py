@@ -534,10 +534,12 @@ async def read_topic(
     since_ms: int | None = None,
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
     timeout_s: float = 30.0,
+    skip_undecodable: bool = False,
 ) -> AsyncIterator[Record[Any]]:
     """Replay a topic of ``kafka.namespace`` from the beginning, or from the first record at or after
     ``since_ms``, up to its end as of the call. No consumer group, no commits: replays never disturb live
-    consumers. Undecodable records raise DecodeError (a replay should not silently skip history)."""
+    consumers. Undecodable records raise DecodeError (a replay should not silently skip history), unless
+    ``skip_undecodable`` (an audit of a topic someone wrote garbage to: the consumers dead-lettered it)."""
     topic = spec.name(kafka.namespace)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=kafka.bootstrap,
@@ -572,8 +574,14 @@ async def read_topic(
                 for rec in records:
                     if rec.offset >= end[tp]:
                         break
+                    try:
+                        event = decode(rec.value or b"", spec.event_type)
+                    except DecodeError:
+                        if skip_undecodable:
+                            continue
+                        raise
                     yield Record(
-                        decode(rec.value or b"", spec.event_type),
+                        event,
                         rec.topic,
                         rec.partition,
                         rec.offset,
