@@ -16,13 +16,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaConnectionError, KafkaError
+from aiokafka.errors import (
+    IllegalStateError,
+    InvalidProducerEpoch,
+    InvalidProducerIdMapping,
+    KafkaConnectionError,
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    UnknownProducerId,
+)
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, RecordMetadata
 
 from schemas import DeadLetter, DecodeError, Event, TopicSpec, decode, encode
 from schemas.topics import DEADLETTER, MAX_MESSAGE_BYTES
 from services.config import KafkaConfig
-from services.metrics import CONSUMED, DEADLETTERED, HANDLER_ERRORS, LAG, PRODUCED
+from services.metrics import CONSUMED, DEADLETTERED, HANDLER_ERRORS, LAG, PRODUCED, PRODUCERS_RENEWED
 
 log = logging.getLogger("turnstream.bus")
 
@@ -109,6 +117,10 @@ async def _start_retrying(
             client = fresh()
 
 
+_RENEW_ON = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, InvalidProducerIdMapping)
+"""Send errors after which an idempotent producer cannot go on: the broker lost (or fenced) its state."""
+
+
 class EventProducer:
     """Idempotent, acks=all producer of contract events. Optionally transactional."""
 
@@ -129,6 +141,8 @@ class EventProducer:
             **_security(kafka),
         )
         self._producer = AIOKafkaProducer(**self._options)
+        self._stale = False
+        self._renewing = asyncio.Lock()
 
     async def start(self, wait_s: float | None = None) -> None:
         """Connect, retrying an unreachable broker for ``wait_s`` (default ``kafka.connect_wait_s``)."""
@@ -168,10 +182,7 @@ class EventProducer:
     ) -> asyncio.Future[Any]:
         """Queue one event; the returned future resolves when it is acknowledged. For batching."""
         self._check(spec, event)
-        topic = self.topic(spec)
-        fut = await self._producer.send(topic, encode(event), key=_key_bytes(key))
-        fut.add_done_callback(lambda f: f.exception() is None and PRODUCED.labels(topic).inc())
-        return fut
+        return await self.send_raw_nowait(self.topic(spec), encode(event), _key_bytes(key))
 
     async def send_raw(self, topic: str, value: bytes, key: bytes | None = None) -> RecordMetadata:
         """Produce bytes as they are (tests, tools that copy records between namespaces)."""
@@ -181,9 +192,42 @@ class EventProducer:
         self, topic: str, value: bytes, key: bytes | None = None
     ) -> asyncio.Future[Any]:
         """Queue already-encoded bytes (e.g. from a durable spool); the future resolves on acknowledgement."""
+        if self._stale:
+            await self._renew()
         fut = await self._producer.send(topic, value, key=key)
-        fut.add_done_callback(lambda f: f.exception() is None and PRODUCED.labels(topic).inc())
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is None:
+                PRODUCED.labels(topic).inc()
+            elif isinstance(exc, _RENEW_ON) and not self._stale:
+                self._stale = True
+                log.warning(
+                    "producer state lost by the broker; renewing the producer", extra={"error": repr(exc)}
+                )
+
+        fut.add_done_callback(done)
         return fut
+
+    async def _renew(self) -> None:
+        """A fresh producer (new producer id) in place of one whose idempotence state the broker no longer
+        accepts (after a broker restart aiokafka keeps failing with OutOfOrderSequenceNumber otherwise). The
+        records that failed are retried by their callers; a resend is a redelivery under the same keys."""
+        async with self._renewing:
+            if not self._stale:
+                return
+            old = self._producer
+            fresh = AIOKafkaProducer(**self._options)
+            await _start_retrying(
+                fresh, lambda: AIOKafkaProducer(**self._options), self.kafka, None, "producer"
+            )
+            self._producer = fresh
+            self._stale = False
+            PRODUCERS_RENEWED.inc()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.stop(), 10)
 
     async def flush(self) -> None:
         await self._producer.flush()

@@ -8,6 +8,10 @@ CONSUMED = Counter(
     "turnstream_bus_consumed_total", "Records consumed and handed to a service", ["topic", "group"]
 )
 PRODUCED = Counter("turnstream_bus_produced_total", "Records produced (acknowledged)", ["topic"])
+PRODUCERS_RENEWED = Counter(
+    "turnstream_bus_producers_renewed_total",
+    "Producers replaced after the broker lost (or fenced) their state",
+)
 DEADLETTERED = Counter(
     "turnstream_bus_deadlettered_total",
     "Records sent to the dead-letter topic",

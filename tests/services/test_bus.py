@@ -421,3 +421,31 @@ async def test_an_unreachable_broker_fails_the_start_once_the_wait_is_over(kafka
     assert 1.0 <= time.monotonic() - t0 < 15
     with pytest.raises(KafkaConnectionError):
         await EventProducer(nowhere).start(wait_s=0)
+
+
+async def test_a_producer_whose_state_the_broker_lost_is_renewed(kafka: KafkaConfig) -> None:
+    """After a broker restart aiokafka's idempotent producer can fail every send with OutOfOrderSequenceNumber
+    (seen in the fault tests: the pairer stalled for good). The failure is injected here (a broker restart does
+    not reproduce it on demand); the next send goes out through a fresh producer."""
+    from aiokafka.errors import OutOfOrderSequenceNumber
+    from prometheus_client import REGISTRY
+
+    before = REGISTRY.get_sample_value("turnstream_bus_producers_renewed_total") or 0.0
+    async with EventProducer(kafka) as producer:
+        inner = producer._producer
+        real_send = inner.send
+
+        async def failing_send(*args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(fut.set_exception, OutOfOrderSequenceNumber())
+            inner.send = real_send  # type: ignore[method-assign]
+            return fut
+
+        inner.send = failing_send  # type: ignore[method-assign]
+        with pytest.raises(OutOfOrderSequenceNumber):
+            await producer.send(TURNS, example_turn("renew", 1), "renew")
+        await producer.send(TURNS, example_turn("renew", 1), "renew")
+        assert producer._producer is not inner, "a fresh producer took over"
+    after = REGISTRY.get_sample_value("turnstream_bus_producers_renewed_total") or 0.0
+    assert after - before == 1
+    assert [r.event.turn_id async for r in read_topic(kafka, TURNS)] == ["renew:1"]
