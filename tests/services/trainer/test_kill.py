@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,14 +29,16 @@ def version(out: Path) -> int:
     return found[0].version if found else 0
 
 
-def kill_and_restart(env: dict[str, str], out: Path, log_path: Path) -> int:
+def kill_and_restart(env: dict[str, str], out: Path, log_path: Path, announced: Callable[[], int]) -> int:
     """Start the trainer, let it finish a step, kill -9 it at a random moment (mid-step or between steps); four
-    times; then let a last run train to the end. Returns the kills."""
+    times; then let a last run train to the end and announce the last version (``announced()`` is the newest
+    version on ``weights``): a kill right after the last checkpoint leaves that to the next start. Returns the
+    kills."""
     rng = random.Random(5)
     kills = 0
     give_up = time.monotonic() + 400
     with open(log_path, "w") as log:
-        while version(out) < STEPS:
+        while version(out) < STEPS or announced() < STEPS:
             assert time.monotonic() < give_up, f"stuck at version {version(out)}; see {log_path}"
             port = free_port()
             proc = ServiceProcess(
@@ -48,7 +51,7 @@ def kill_and_restart(env: dict[str, str], out: Path, log_path: Path) -> int:
             )
             start = version(out)
             deadline = time.monotonic() + 120
-            if kills < KILLS:
+            if kills < KILLS and version(out) < STEPS:
                 while version(out) <= start and time.monotonic() < deadline:
                     time.sleep(0.02)
                 time.sleep(rng.uniform(0.0, 0.15))
@@ -56,8 +59,8 @@ def kill_and_restart(env: dict[str, str], out: Path, log_path: Path) -> int:
                 proc.proc.wait()
                 kills += 1
             else:
-                while version(out) < STEPS and time.monotonic() < deadline:
-                    time.sleep(0.1)
+                while (version(out) < STEPS or announced() < STEPS) and time.monotonic() < deadline:
+                    time.sleep(0.2)
                 proc.stop()
     return kills
 
@@ -69,7 +72,14 @@ async def test_kill9_during_and_between_steps_trains_each_sample_once(
     await publish(kafka, samples)
     out = tmp_path / "weights"
     env = trainer_env(kafka, tiny_llama, out)
-    kills = await asyncio.to_thread(kill_and_restart, env, out, tmp_path / "trainer.log")
+
+    def announced() -> int:
+        async def newest() -> int:
+            return max([r.event.version async for r in read_topic(kafka, WEIGHTS)], default=0)
+
+        return asyncio.run(newest())
+
+    kills = await asyncio.to_thread(kill_and_restart, env, out, tmp_path / "trainer.log", announced)
     found = TrainerStore(out).latest()
     assert found is not None and kills == KILLS
     trained = [sid for step in found[0].trained for sid in step]
