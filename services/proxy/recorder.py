@@ -129,7 +129,7 @@ class TurnRecorder:
         if not self._buffer and self.spool is not None:
             try:
                 self.spool.write([record])
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # disk full; a spool closed by a shutdown under way
                 log.error("spool write failed; turns wait in memory", extra={"error": repr(exc)})
                 self._buffer.append(record)
         else:  # earlier turns still wait in memory: keep the order

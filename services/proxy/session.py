@@ -35,7 +35,7 @@ def session_info(headers: Headers, body: dict[str, Any]) -> SessionInfo:
     b_sid, b_type, b_done = (body.pop(k, None) for k in BODY_FIELDS)
     if not isinstance(b_sid, str | None) or not isinstance(b_type, str | None):
         raise SessionError("'session_id' and 'turn_type' in the body must be strings")
-    if not isinstance(b_done, bool | str | None):
+    if not isinstance(b_done, bool | int | str | None):
         raise SessionError("'session_done' in the body must be a boolean")
     sid = headers.get("x-session-id") or b_sid
     turn_type = (headers.get("x-turn-type") or b_type or "main").strip().lower()
