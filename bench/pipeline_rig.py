@@ -16,11 +16,9 @@ no judgment, no sample). ``expected()`` derives, per turn id, what each topic mu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -68,42 +66,29 @@ class Stages:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-class Stub:
-    """A stub engine script in its own process, ready once /health answers."""
+class Stub(ServiceProcess):
+    """A stub engine script (bench/) in its own process, ready once /health answers; its output appended to
+    ``log``."""
 
     def __init__(self, script: str, latency_ms: float, fail_every: int, log: Path, *extra: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = open(log, "a")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(REPO / "bench" / script),
-                "--port",
-                str(self.port),
-                "--latency-ms",
-                str(latency_ms),
-                "--fail-every",
-                str(fail_every),
-                *extra,
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"stub {script} did not start")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        self._log.close()
+        port = free_port()
+        with open(log, "a") as out:
+            super().__init__(
+                [
+                    "--port",
+                    str(port),
+                    "--latency-ms",
+                    str(latency_ms),
+                    "--fail-every",
+                    str(fail_every),
+                    *extra,
+                ],
+                port=port,
+                ready_path="/health",
+                log=out,
+                startup_timeout_s=30,
+                program=[sys.executable, str(REPO / "bench" / script)],
+            )
 
 
 class Pipeline:

@@ -81,22 +81,21 @@ def _key_bytes(key: str | bytes | None) -> bytes | None:
     return key.encode() if isinstance(key, str) else key
 
 
-async def _start_retrying(
-    client: AIOKafkaProducer | AIOKafkaConsumer,
-    fresh: Callable[[], Any],
-    kafka: KafkaConfig,
-    wait_s: float | None,
-    what: str,
-) -> None:
-    """Start an aiokafka client; while the broker is unreachable, retry with a fresh one (a client whose start
-    failed is not restartable) until ``wait_s`` has passed. Other errors (TLS, authentication) fail at once."""
+C = TypeVar("C", AIOKafkaProducer, AIOKafkaConsumer)
+
+
+async def _start_retrying(make: Callable[[], C], kafka: KafkaConfig, wait_s: float | None, what: str) -> C:
+    """A started aiokafka client from ``make``; while the broker is unreachable, retry with a fresh one (a client
+    whose start failed is not restartable) until ``wait_s`` has passed. Other errors (TLS, authentication) fail
+    at once."""
     wait = kafka.connect_wait_s if wait_s is None else wait_s
     deadline = time.monotonic() + wait
     backoff = 0.5
     while True:
+        client = make()
         try:
             await client.start()
-            return
+            return client
         except KafkaConnectionError as exc:
             with contextlib.suppress(Exception):
                 await client.stop()
@@ -114,7 +113,6 @@ async def _start_retrying(
             )
             await asyncio.sleep(min(backoff, left))
             backoff = min(backoff * 2, 5.0)
-            client = fresh()
 
 
 _RENEW_ON = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, InvalidProducerIdMapping)
@@ -140,18 +138,20 @@ class EventProducer:
             linger_ms=5,
             **_security(kafka),
         )
-        self._producer = AIOKafkaProducer(**self._options)
+        self._producer = self._make()
         self._stale = False
         self._renewing = asyncio.Lock()
 
+    def _make(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(**self._options)
+
     async def start(self, wait_s: float | None = None) -> None:
         """Connect, retrying an unreachable broker for ``wait_s`` (default ``kafka.connect_wait_s``)."""
-
-        def fresh() -> AIOKafkaProducer:
-            self._producer = AIOKafkaProducer(**self._options)
-            return self._producer
-
-        await _start_retrying(self._producer, fresh, self.kafka, wait_s, "producer")
+        unstarted, self._producer = (
+            self._producer,
+            await _start_retrying(self._make, self.kafka, wait_s, "producer"),
+        )
+        await unstarted.stop()  # never started: only releases what its constructor set up
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -219,11 +219,7 @@ class EventProducer:
             if not self._stale:
                 return
             old = self._producer
-            fresh = AIOKafkaProducer(**self._options)
-            await _start_retrying(
-                fresh, lambda: AIOKafkaProducer(**self._options), self.kafka, None, "producer"
-            )
-            self._producer = fresh
+            self._producer = await _start_retrying(self._make, self.kafka, None, "producer")
             self._stale = False
             PRODUCERS_RENEWED.inc()
             with contextlib.suppress(Exception):
@@ -328,7 +324,7 @@ class EventConsumer:
             request_timeout_ms=kafka.request_timeout_ms,
             **_security(kafka),
         )
-        self._consumer = AIOKafkaConsumer(**self._options)
+        self._consumer = self._make()
         self._work_lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._started = False
@@ -339,17 +335,17 @@ class EventConsumer:
     async def start(self) -> None:
         if self._own_deadletter:
             await self._deadletter.start()
-
-        def fresh() -> AIOKafkaConsumer:
-            self._consumer = AIOKafkaConsumer(**self._options)
-            return self._consumer
-
-        await _start_retrying(self._consumer, fresh, self.kafka, None, f"consumer {self.group_id}")
+        unstarted = self._consumer
+        self._consumer = await _start_retrying(self._make, self.kafka, None, f"consumer {self.group_id}")
+        await unstarted.stop()  # never started: only releases what its constructor set up
         if self.group:
             self._consumer.subscribe(list(self.specs), listener=_Rebalance(self))
         else:
             self._consumer.subscribe(list(self.specs))
         self._started = True
+
+    def _make(self) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(**self._options)
 
     async def stop(self) -> None:
         """Leave the group (after any in-flight batch committed) and close connections."""

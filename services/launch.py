@@ -54,8 +54,8 @@ def free_port_block(n: int) -> int:
 
 
 class ServiceProcess:
-    """``python -m services.cli <args>`` with ``env`` added to this process's environment; ready once
-    ``GET <url><ready_path>`` answers 200."""
+    """``python -m services.cli <args>`` (or ``program`` with ``args``, e.g. a stub engine script) with ``env``
+    added to this process's environment; ready once ``GET <url><ready_path>`` answers 200."""
 
     def __init__(
         self,
@@ -68,13 +68,14 @@ class ServiceProcess:
         startup_timeout_s: float = 180.0,
         die_with_parent: bool = False,
         wait: bool = True,
+        program: Sequence[str] | None = None,
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self.name = args[0]
+        self.name = os.path.basename(program[-1]) if program else args[0]
         self._devnull = None if log is not None else open(os.devnull, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *args],
+            [*(program or (sys.executable, "-m", "services.cli")), *args],
             env={
                 **os.environ,
                 "TURNSTREAM_LOGGING_FORMAT": "text",

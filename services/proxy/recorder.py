@@ -212,8 +212,10 @@ class TurnRecorder:
                 await asyncio.sleep(1.0)
                 continue
             futures = []
+            nonces: list[bytes | None] = []
             for rec in records:
                 key, value, nonce = _unpack(rec)
+                nonces.append(nonce)
                 if nonce is not None:
                     try:
                         value = await self._numbered(key.decode(), nonce, value)
@@ -236,8 +238,7 @@ class TurnRecorder:
                 else:
                     await asyncio.to_thread(self.spool.commit, ok)
                 self._backlog = max(self._backlog - ok, 0)
-                for rec in records[:ok]:
-                    nonce = _unpack(rec)[2]
+                for nonce in nonces[:ok]:
                     if nonce is not None:
                         self._numbers.pop(nonce, None)
                 PUBLISHED.inc(ok)

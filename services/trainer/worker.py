@@ -31,7 +31,7 @@ from services.bus import (
     read_topic,
     topic_partitions,
 )
-from services.config import Config
+from services.config import Config, KafkaConfig
 from services.metrics import serve_metrics
 from services.trainer.checkpoints import CheckpointMeta, TrainerStore
 from services.trainer.collective import barrier, broadcast
@@ -293,13 +293,9 @@ async def run_trainer(
         await producer.stop()
 
 
-async def _announced_version(kafka: Any) -> int:
+async def _announced_version(kafka: KafkaConfig) -> int:
     """The newest version on ``weights`` (0 when none)."""
-    newest = 0
-    async for rec in read_topic(kafka, WEIGHTS):
-        if isinstance(rec.event, WeightsPublished):
-            newest = max(newest, rec.event.version)
-    return newest
+    return max([rec.event.version async for rec in read_topic(kafka, WEIGHTS)], default=0)
 
 
 def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> None:

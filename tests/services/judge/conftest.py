@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import msgspec
 import pytest
 
@@ -14,46 +12,26 @@ from schemas import Judgment, Message, PairedTurn
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
 from services.bus import EventProducer
 from services.config import Config, JudgeConfig, KafkaConfig
-from services.launch import free_port
+from services.launch import ServiceProcess, free_port
 from tests.kafka_wait import wait_for_events
 from tests.strategies import example_turn
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-class StubJudge:
+class StubJudge(ServiceProcess):
     """bench/stub_judge.py in a subprocess: an engine that answers judge prompts after a fixed latency."""
 
     def __init__(self, latency_ms: float = 5, fail_every: int = 0, fail_status: int = 500, port: int = 0):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(REPO / "bench/stub_judge.py"),
-                "--port",
-                str(self.port),
-                "--latency-ms",
-                str(latency_ms),
-                "--fail-every",
-                str(fail_every),
-                "--fail-status",
-                str(fail_status),
-            ]
+        port = port or free_port()
+        args = ["--port", str(port), "--latency-ms", str(latency_ms), "--fail-every", str(fail_every)]
+        super().__init__(
+            [*args, "--fail-status", str(fail_status)],
+            port=port,
+            ready_path="/health",
+            startup_timeout_s=30,
+            program=[sys.executable, str(REPO / "bench/stub_judge.py")],
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait()
 
 
 @pytest.fixture

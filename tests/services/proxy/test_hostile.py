@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from hypothesis import strategies as st
 
 from schemas import encode
 from services.config import KafkaConfig, RedisConfig
-from services.launch import free_port
+from services.launch import ServiceProcess, free_port
 from tests.services.proxy.conftest import ProxyProcess
 
 pytestmark = pytest.mark.integration
@@ -34,17 +32,13 @@ class StubProxy:
 
     def __init__(self, kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path, **env: str) -> None:
         port = free_port()
-        self.stub = subprocess.Popen(
-            [sys.executable, str(REPO / "bench/stub_engine.py"), "--port", str(port), "--latency-ms", "1"]
+        self.stub = ServiceProcess(
+            ["--port", str(port), "--latency-ms", "1"],
+            port=port,
+            ready_path="/health",
+            startup_timeout_s=30,
+            program=[sys.executable, str(REPO / "bench/stub_engine.py")],
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "stub engine did not start"
-                time.sleep(0.1)
         self.proxy = ProxyProcess(
             {
                 "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
@@ -68,8 +62,7 @@ class StubProxy:
             assert sum(float(x) for x in dropped) == 0, "every main turn the proxy served was recorded"
         finally:
             self.proxy.stop()
-            self.stub.terminate()
-            self.stub.wait(10)
+            self.stub.stop()
         log = Path(self.proxy.logfile.name).read_text()
         assert "Traceback" not in log and "unexpected" not in log.lower(), log[-4000:]
         return log
@@ -89,6 +82,16 @@ def check(r: httpx.Response) -> None:
         error = r.json()["error"]
         assert isinstance(error["message"], str) and error["message"]
         assert isinstance(error["type"], str) and "param" in error and "code" in error
+
+
+def post_raw(proxy: StubProxy, raw: bytes) -> httpx.Response:
+    """The bytes as a chat request body, exactly as given."""
+    return httpx.post(
+        proxy.url + "/v1/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
 
 
 json_values = st.recursive(
@@ -159,12 +162,7 @@ def test_fuzzed_chat_requests_get_answers_or_openai_errors(
 @FUZZ
 @given(raw=st.binary(max_size=300) | json_values.map(lambda v: httpx.Request("POST", "/", json=v).content))
 def test_fuzzed_raw_bodies_get_openai_errors(stub_proxy: StubProxy, raw: bytes) -> None:
-    r = httpx.post(
-        stub_proxy.url + "/v1/chat/completions",
-        content=raw,
-        headers={"content-type": "application/json"},
-        timeout=30,
-    )
+    r = post_raw(stub_proxy, raw)
     check(r)
     assert r.status_code in (200, 400)
 
@@ -229,12 +227,7 @@ ABUSE: list[tuple[str, bytes, int, str]] = [
 def test_abuse_is_refused_clearly_and_the_proxy_keeps_serving(
     stub_proxy: StubProxy, name: str, raw: bytes, status: int, needle: str
 ) -> None:
-    r = httpx.post(
-        stub_proxy.url + "/v1/chat/completions",
-        content=raw,
-        headers={"content-type": "application/json"},
-        timeout=60,
-    )
+    r = post_raw(stub_proxy, raw)
     check(r)
     assert r.status_code == status, r.text[:300]
     assert needle in r.json()["error"]["message"]

@@ -19,6 +19,15 @@ from tests.strategies import example_turn
 pytestmark = pytest.mark.integration
 
 
+async def published_and_numbered(recorder: TurnRecorder, within_s: float = 10.0) -> None:
+    """Wait until the recorder has published everything and numbered every unnumbered turn."""
+    for _ in range(int(within_s * 10)):
+        if recorder.pending == 0 and not recorder.deferring:
+            return
+        await asyncio.sleep(0.1)
+    assert recorder.pending == 0 and not recorder.deferring
+
+
 def answered(session: str, text: str) -> Turn:
     """A turn with a placeholder number (1) and a response that tells it apart."""
     return example_turn(session, 1, response=Message(role="assistant", content=text))
@@ -57,11 +66,7 @@ async def test_unnumbered_turns_are_numbered_in_spool_order_when_published(
         recorder.record(answered("s", "served without Redis"), unnumbered=True)
         assert recorder.deferring
         recorder.record(answered("s", "queued behind it"), unnumbered=True)
-        for _ in range(100):
-            if recorder.pending == 0 and not recorder.deferring:
-                break
-            await asyncio.sleep(0.1)
-        assert recorder.pending == 0 and not recorder.deferring
+        await published_and_numbered(recorder)
     finally:
         await recorder.stop()
         await numbers.aclose()
@@ -92,11 +97,7 @@ async def test_unnumbered_turns_wait_for_redis_and_an_earlier_runs_backlog_defer
             "a backlog from an earlier run may hold unnumbered turns: new ones queue behind"
         )
         again.record(answered("r", "second"), unnumbered=True)
-        for _ in range(100):
-            if again.pending == 0 and not again.deferring:
-                break
-            await asyncio.sleep(0.1)
-        assert again.pending == 0 and not again.deferring
+        await published_and_numbered(again)
     finally:
         await again.stop()
         await numbers.aclose()
