@@ -425,7 +425,12 @@ class EventConsumer:
                         await self._sleep_unless_stopped(backoff)
                         backoff = min(backoff * 2, 30.0)
             if idle is not None:
-                await idle()
+                try:
+                    await idle()
+                except Exception as exc:  # periodic work (the pairer's sweep): the next round tries again
+                    HANDLER_ERRORS.labels(self.group_id).inc()
+                    log.warning("idle work failed; it runs again next round", extra={"error": repr(exc)})
+                    await self._sleep_unless_stopped(backoff)
         await self.stop()
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:

@@ -449,3 +449,34 @@ async def test_a_producer_whose_state_the_broker_lost_is_renewed(kafka: KafkaCon
     after = REGISTRY.get_sample_value("turnstream_bus_producers_renewed_total") or 0.0
     assert after - before == 1
     assert [r.event.turn_id async for r in read_topic(kafka, TURNS)] == ["renew:1"]
+
+
+async def test_failing_idle_work_does_not_end_the_consumer(kafka: KafkaConfig) -> None:
+    """The pairer's idle sweep raised while Redis restarted and the pairer exited (fault tests, CI): the idle
+    callback's failure is counted and logged, the next round runs it again, and records keep being handled."""
+    calls = 0
+
+    async def idle() -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise ConnectionError("Redis restarting")
+
+    handled: list[str] = []
+
+    async def handler(batch: list[Record[Any]]) -> None:
+        handled.extend(r.event.turn_id for r in batch)
+
+    ids = await produce_turns(kafka, 4)
+    consumer = EventConsumer(kafka, [TURNS], "idle-fails")
+    await consumer.start()
+    task = asyncio.create_task(consumer.run(handler, idle=idle))
+    try:
+        deadline = time.monotonic() + 60
+        while not (calls > 2 and sorted(handled) == sorted(ids)):
+            assert not task.done(), f"the consumer ended: {task.exception()!r}"
+            assert time.monotonic() < deadline, (calls, handled)
+            await asyncio.sleep(0.05)
+    finally:
+        consumer.request_stop()
+        await asyncio.wait_for(task, 30)
