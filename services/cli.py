@@ -200,7 +200,8 @@ def _engine(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
-    import uvicorn
+
+    from services.http_server import serve
 
     torch.set_num_threads(args.threads)
     from services.engine.server import EngineSettings, create_app
@@ -213,13 +214,12 @@ def _engine(args: argparse.Namespace) -> int:
         weight_version=args.weight_version,
         reasoning_parser=args.reasoning_parser == "qwen3",
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False)
+    serve(create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 
 
 def _proxy(config: Config, args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from services.http_server import serve
     from services.proxy.app import create_app
 
     proxy = msgspec.structs.replace(
@@ -229,7 +229,7 @@ def _proxy(config: Config, args: argparse.Namespace) -> int:
     config = msgspec.structs.replace(config, proxy=proxy, engine=engine)
     # No X-Forwarded-* rewriting (the proxy never uses the client's address) and no Server header: per-request
     # work the hot path does not need.
-    uvicorn.run(
+    serve(
         create_app(config),
         host=proxy.host,
         port=proxy.port,
