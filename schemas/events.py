@@ -58,6 +58,8 @@ def _require_schema_version(value: int) -> None:
 
 
 def _require_token_ids(field: str, ids: list[int]) -> None:
+    if not ids or min(ids) >= 0:  # the common case in one C loop; decoding every Turn runs this
+        return
     for i, tok in enumerate(ids):
         if tok < 0:
             _fail(field, f"token id {tok} at index {i} is negative")
@@ -66,6 +68,13 @@ def _require_token_ids(field: str, ids: list[int]) -> None:
 def _require_logprobs(field: str, values: list[float], n_tokens: int, tokens_field: str) -> None:
     if len(values) != n_tokens:
         _fail(field, f"has {len(values)} entries but {tokens_field} has {n_tokens}")
+    if not values:
+        return
+    # The common case in C loops: a NaN makes the sum NaN and -inf makes it -inf (a sum that merely overflows
+    # takes the exact loop below, which then passes).
+    total = sum(values)
+    if total == total and total != -math.inf and max(values) <= _LOGPROB_CEILING:
+        return
     for i, lp in enumerate(values):
         if math.isnan(lp) or lp > _LOGPROB_CEILING or lp == -math.inf:
             _fail(field, f"entry {i} is {lp}, not a finite log-probability")

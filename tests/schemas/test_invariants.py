@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas import (
     SCHEMA_VERSION,
@@ -21,6 +24,7 @@ from schemas import (
     decode,
     encode,
 )
+from schemas.events import _require_logprobs, _require_token_ids
 from tests.strategies import example_events
 
 EVENTS = example_events()
@@ -37,6 +41,9 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (Turn, {"response_logprobs": [-0.1]}, "response_logprobs"),
     (Turn, {"response_logprobs": [-0.1, float("nan")]}, "response_logprobs"),
     (Turn, {"response_logprobs": [-0.1, 0.5]}, "response_logprobs"),
+    (Turn, {"response_logprobs": [float("-inf"), -0.1]}, "response_logprobs"),
+    (Turn, {"response_logprobs": [-0.1, float("inf")]}, "response_logprobs"),
+    (Turn, {"response_logprobs": [float("-inf"), float("inf")]}, "response_logprobs"),
     (Turn, {"session_id": ""}, "session_id"),
     (Turn, {"turn_id": "other:1"}, "turn_id"),
     (Turn, {"turn_index": 0}, "turn_index"),
@@ -142,3 +149,33 @@ def test_terminal_pairing_is_valid_without_next_state() -> None:
 def test_unknown_fields_from_a_compatible_producer_are_ignored() -> None:
     wire = _mutated_wire(EVENTS[WeightsPublished], added_by_a_newer_minor="x")
     assert decode(wire, WeightsPublished) == EVENTS[WeightsPublished]
+
+
+def _is_logprob(x: float) -> bool:
+    return not math.isnan(x) and x != -math.inf and x <= 1e-3
+
+
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=40))
+def test_the_logprob_check_accepts_exactly_finite_log_probabilities(values: list[float]) -> None:
+    """The check sums in C first (NaN and -inf survive a sum); it must agree with the per-entry definition, also
+    when a sum of finite values overflows."""
+    try:
+        _require_logprobs("lp", values, len(values), "ids")
+        accepted = True
+    except ContractError:
+        accepted = False
+    assert accepted == all(_is_logprob(v) for v in values)
+
+
+def test_finite_logprobs_whose_sum_overflows_are_accepted() -> None:
+    _require_logprobs("lp", [-1e308, -1e308, -0.5], 3, "ids")
+
+
+@given(st.lists(st.integers(min_value=-(2**40), max_value=2**40), max_size=40))
+def test_the_token_id_check_refuses_exactly_negative_ids(ids: list[int]) -> None:
+    try:
+        _require_token_ids("ids", ids)
+        accepted = True
+    except ContractError:
+        accepted = False
+    assert accepted == all(i >= 0 for i in ids)
