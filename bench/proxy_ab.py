@@ -4,8 +4,9 @@
 
 This machine's noise swamps a 10% change between two separate runs of bench/proxy.py. Here both proxies (the
 base revision, checked out into a temporary git worktree, and the working tree) run at once against one stub
-engine, Kafka and Redis, and take turns: each round sends the same load to one, then the other, and reads each
-proxy's CPU time from /proc. The medians and their ratio are what to compare.
+engine, Kafka and Redis, and take turns: each round sends the same load to one, then the other (paused with
+SIGSTOP meanwhile, so that its timers do not run on the cores the measured one uses), and reads each proxy's CPU
+time from /proc. The medians and their ratio are what to compare.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -82,11 +85,21 @@ def main() -> None:
         for rnd in range(args.rounds):
             for name, (proc, port) in procs.items():
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                user0, sys0 = cpu_split(proc.pid)
-                headers = lambda w, i, r=rnd: {"X-Session-Id": f"r{r}-{w}-{i}"}  # noqa: E731
-                asyncio.run(load(url, args.concurrency, args.requests, False, headers))
-                user1, sys1 = cpu_split(proc.pid)
+                # The other proxy is paused meanwhile: its own timers would otherwise run on the same two cores
+                # and charge the one measured (for instance, a base with more wake-ups makes the work look worse).
+                others = [p for n, (p, _) in procs.items() if n != name]
+                for other in others:
+                    other.send_signal(signal.SIGSTOP)
+                try:
+                    user0, sys0 = cpu_split(proc.pid)
+                    headers = lambda w, i, r=rnd: {"X-Session-Id": f"r{r}-{w}-{i}"}  # noqa: E731
+                    asyncio.run(load(url, args.concurrency, args.requests, False, headers))
+                    user1, sys1 = cpu_split(proc.pid)
+                finally:
+                    for other in others:
+                        other.send_signal(signal.SIGCONT)
                 per_request[name].append(1000 * (user1 - user0 + sys1 - sys0) / args.requests)
+                time.sleep(1.0)  # the resumed proxy catches up on its timers before its own round
     finally:
         for proc, _ in procs.values():
             proc.terminate()
