@@ -108,6 +108,20 @@ def init_parallel(layout: ParallelLayout | None = None, seed: int = 1234) -> Par
     return layout
 
 
+def shutdown_parallel(layout: ParallelLayout) -> None:
+    """Take the process group down before a torchrun rank exits. A rank that exits with gloo's threads still
+    alive can abort ("terminate called without an active exception", SIGABRT) and torchrun then fails the whole
+    run, though the work was done. One process keeps its group: tests run many policies in one interpreter."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if not layout.distributed or not dist.is_initialized():
+        return
+    dist.barrier()  # no rank tears down while another still talks to it
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
 def init_single_process(seed: int = 1234) -> None:
     init_parallel(None, seed)
 

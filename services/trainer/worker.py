@@ -191,6 +191,7 @@ async def run_trainer(
     import signal
 
     from services.model_store import cache_dir
+    from services.trainer.model import shutdown_parallel
     from services.trainer.policy import Policy
 
     tc = config.trainer
@@ -204,6 +205,7 @@ async def run_trainer(
     policy = await asyncio.to_thread(Policy.from_hf, tc.hf_checkpoint, tc, layout)
     if layout.rank != 0:  # only rank 0 talks to Kafka; the others follow its commands
         await asyncio.to_thread(follow, policy, store)
+        await asyncio.to_thread(shutdown_parallel, layout)
         return
     stop = stop or asyncio.Event()
     if install_signals:
@@ -291,6 +293,7 @@ async def run_trainer(
         await asyncio.to_thread(trainer.stop)
         await consumer.stop()
         await producer.stop()
+        await asyncio.to_thread(shutdown_parallel, layout)
 
 
 async def _announced_version(kafka: KafkaConfig) -> int:

@@ -15,6 +15,7 @@ import torch
 
 from schemas import Sample
 from services.config import TrainerConfig
+from services.trainer.model import shutdown_parallel
 from services.trainer.parallel import ParallelLayout
 
 STEPS = 2
@@ -95,6 +96,7 @@ def main() -> None:
         )
     if lay.last_stage and lay.tp_rank == 0 and lay.dp_rank == 0:
         torch.save(result["logprobs"], f"{out}.logprobs")
+    shutdown_parallel(lay)
 
 
 if __name__ == "__main__":
