@@ -3,16 +3,22 @@ reports a failed start."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 
-from services.engine.launch import free_port
+from services.launch import ServiceProcess, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {"PYTHONPATH": str(ROOT)}  # the app script lives in a temporary folder
 
 APP = textwrap.dedent(
     """
@@ -31,54 +37,48 @@ APP = textwrap.dedent(
 )
 
 
-def start(port: int, tick_s: float) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", APP, str(port), str(tick_s)])
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
-            return proc
-        except httpx.HTTPError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError("the server did not come up") from None
-            time.sleep(0.05)
+@pytest.fixture
+def app_script(tmp_path: Path) -> Path:
+    script = tmp_path / "lean_app.py"
+    script.write_text(APP)
+    return script
 
 
-def test_a_signal_stops_the_server_without_waiting_for_the_tick() -> None:
-    proc = start(
-        free_port(), tick_s=120
-    )  # were the signal not to wake the loop, stopping would take 2 minutes
-    try:
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
-        assert time.monotonic() - t0 < 20
-        assert proc.returncode == -signal.SIGTERM  # uvicorn re-raises the signal it shut down for
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
-def test_the_date_header_follows_the_clock() -> None:
+def start(script: Path, tick_s: float) -> ServiceProcess:
     port = free_port()
-    proc = start(port, tick_s=1.0)
-    try:
-        first = httpx.get(f"http://127.0.0.1:{port}/").headers["date"]
+    return ServiceProcess(
+        [str(port), str(tick_s)], port=port, ready_path="/", program=[sys.executable, str(script)],
+        env=ENV, startup_timeout_s=30,
+    )  # fmt: skip
+
+
+def test_a_signal_stops_the_server_without_waiting_for_the_tick(app_script: Path) -> None:
+    # Were the signal not to wake the loop, stopping would take 2 minutes (and end in SIGKILL after 30 s).
+    server = start(app_script, tick_s=120)
+    t0 = time.monotonic()
+    code = server.stop()  # SIGTERM; SIGKILL (code None) after 30 s
+    assert time.monotonic() - t0 < 20
+    assert code == -signal.SIGTERM  # uvicorn re-raises the signal it shut down for
+
+
+def test_the_date_header_follows_the_clock(app_script: Path) -> None:
+    with start(app_script, tick_s=1.0) as server:
+        first = httpx.get(server.url + "/").headers["date"]
         time.sleep(2.5)
-        later = httpx.get(f"http://127.0.0.1:{port}/").headers["date"]
-        assert later != first
-    finally:
-        proc.terminate()
-        proc.wait(20)
+        assert httpx.get(server.url + "/").headers["date"] != first
 
 
-def test_a_port_in_use_is_a_failed_start() -> None:
+def test_a_port_in_use_is_a_failed_start(app_script: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-c", APP, str(port), "1.0"], capture_output=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, str(app_script), str(port), "1.0"],
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, **ENV},
+        )
     from uvicorn.main import STARTUP_FAILURE
 
     assert proc.returncode == STARTUP_FAILURE, proc.stderr.decode()[-2000:]

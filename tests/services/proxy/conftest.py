@@ -4,6 +4,7 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from schemas import PairedTurn, Turn
@@ -40,6 +41,16 @@ def proxy(proxy_env: dict[str, str]) -> Iterator[ProxyProcess]:
     p = ProxyProcess(proxy_env)
     yield p
     p.stop()
+
+
+def assert_still_serving(base_url: str) -> None:
+    """The proxy answers a plain chat request (after one it refused)."""
+    ok = httpx.post(
+        base_url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "still there?"}], "max_tokens": 1},
+        timeout=60,
+    )
+    assert ok.status_code == 200, ok.text[:300]
 
 
 async def wait_for_turns(kafka: KafkaConfig, count: int, timeout: float = 60.0) -> list[Turn]:
