@@ -140,7 +140,6 @@ async def _watch(config: Config, supervisor: Supervisor, run_dir: Path, stop: as
                          f"{tail(supervisor.log_path(name))}")  # fmt: skip
                 return
             progress = await scrape(http, ports, config.trainer.rollout_batch_size)
-            _write_status(status, progress)
             line = progress.line()
             now = time.monotonic()
             if tty:
@@ -150,6 +149,8 @@ async def _watch(config: Config, supervisor: Supervisor, run_dir: Path, stop: as
                 _say(line)
                 last_print = now
             last_line = line
+            # After the line: whoever sees this status in status.json can already read it in the output.
+            _write_status(status, progress)
             try:
                 await asyncio.wait_for(stop.wait(), 2.0)
             except TimeoutError:
