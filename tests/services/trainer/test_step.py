@@ -110,8 +110,9 @@ def test_micro_batching_gives_the_same_update(smollm2_path: Path, tok: Any) -> N
     p, r = encode(tok, "Name a fruit.", "An apple.")
     p2, r2 = encode(tok, "Say something longer, please.", "Here is a somewhat longer answer for you.")
     results = []
+    lr = 1e-4
     for budget in (10_000, 40):  # one micro-batch vs one per sample
-        policy = Policy.from_hf(smollm2_path, TrainerConfig(lr=1e-4))
+        policy = Policy.from_hf(smollm2_path, TrainerConfig(lr=lr))
         batch = [sample(p, r, on_policy(policy, p, r), 1.0), sample(p2, r2, on_policy(policy, p2, r2), -1.0)]
         stats = train_step(
             policy.model, policy.optimizer, batch, forward=policy.forward, micro_batch_tokens=budget
@@ -122,7 +123,12 @@ def test_micro_batching_gives_the_same_update(smollm2_path: Path, tok: Any) -> N
     assert one.loss == pytest.approx(many.loss, abs=1e-6) and one.grad_norm == pytest.approx(
         many.grad_norm, rel=1e-4
     )
-    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-6
+    # Adam's first step is lr * g / (|g| + eps): where a gradient is near zero, float rounding that differs between
+    # the two accumulation orders moves a few weights by a visible share of a step (1 of 134 M weights above 1e-6
+    # on an AMD EPYC). So: no weight off by 5% of a step, and on average the same update to 1e-5 of a step. Measured
+    # against bugs: the second micro-batch at half weight moves weights by 0.15 lr on average, an extra step 0.5 lr.
+    diffs = torch.cat([(w1[k] - w2[k]).abs().flatten() for k in w1])
+    assert diffs.max().item() < 0.05 * lr and diffs.mean().item() < 1e-5 * lr
 
 
 def test_rl_steps_favour_rewarded_responses(policy: Any, tok: Any) -> None:
