@@ -1,6 +1,6 @@
 """The proxy's CPU per request, this checkout against another git revision, side by side in one run. Prints JSON.
 
-    .venv/bin/python bench/proxy_ab.py [--base HEAD] [--rounds 6] [--requests 300] [--concurrency 1]
+    .venv/bin/python bench/proxy_ab.py [--base HEAD] [--rounds 6] [--requests 300] [--concurrency 1] [--stream]
 
 This machine's noise swamps a 10% change between two separate runs of bench/proxy.py. Here both proxies (the
 base revision, checked out into a temporary git worktree, and the working tree) run at once against one stub
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--requests", type=int, default=300, help="requests per round and proxy")
     ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--stream", action="store_true", help="streamed requests (the stub sends 62 events)")
     args = ap.parse_args()
 
     worktree = Path(tempfile.mkdtemp(prefix="turnstream-ab-")) / "base"
@@ -93,7 +94,7 @@ def main() -> None:
                 try:
                     user0, sys0 = cpu_split(proc.pid)
                     headers = lambda w, i, r=rnd: {"X-Session-Id": f"r{r}-{w}-{i}"}  # noqa: E731
-                    asyncio.run(load(url, args.concurrency, args.requests, False, headers))
+                    asyncio.run(load(url, args.concurrency, args.requests, args.stream, headers))
                     user1, sys1 = cpu_split(proc.pid)
                 finally:
                     for other in others:
@@ -114,6 +115,7 @@ def main() -> None:
             {
                 "base": args.base,
                 "concurrency": args.concurrency,
+                "stream": args.stream,
                 "requests_per_round": args.requests,
                 "cpu_ms_per_request": {
                     name: {"median": round(medians[name], 3), "rounds": [round(x, 3) for x in v]}

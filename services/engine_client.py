@@ -19,6 +19,7 @@ import httpx
 import msgspec
 
 from services.http_pool import LeanPool, request_head
+from services.sse import data_batches
 
 _hot: httpx.AsyncBaseTransport | None = None
 
@@ -361,7 +362,7 @@ class EngineClient:
     async def open_chat_stream(self, body: dict[str, Any]) -> httpx.Response:
         """Start a streamed chat completion and return the open response once the engine accepted it (status
         < 400), so callers can map refusals to HTTP errors before sending their own first byte. The caller
-        iterates ``aiter_lines()`` and must ``aclose()`` it."""
+        reads it (``services.sse.data_batches(resp.aiter_bytes())``) and must ``aclose()`` it."""
         try:
             resp = await self.transport.handle_async_request(
                 self._build("POST", "/v1/chat/completions", {**body, "stream": True})
@@ -383,16 +384,14 @@ class EngineClient:
         error event mid-stream both raise EngineError."""
         resp = await self.open_chat_stream(body)
         try:
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    return
-                chunk = json.loads(payload)
-                if "error" in chunk and "choices" not in chunk:
-                    raise EngineError(f"chat stream failed: {chunk['error']}")
-                yield chunk
+            async for payloads in data_batches(resp.aiter_bytes()):
+                for payload in payloads:
+                    if payload == b"[DONE]":
+                        return
+                    chunk = json.loads(payload)
+                    if "error" in chunk and "choices" not in chunk:
+                        raise EngineError(f"chat stream failed: {chunk['error']}")
+                    yield chunk
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"chat stream timed out: {exc!r}") from exc
         except httpx.TransportError as exc:

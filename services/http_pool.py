@@ -142,9 +142,16 @@ class _Connection(asyncio.Protocol):
         self.transport.write(head + body)  # one write, one syscall on the hot path
 
     def take_chunk(self) -> bytes | None:
-        if not self.chunks:
+        """Everything received and not yet taken, as one piece: a reader that wakes once per network read (an
+        engine's burst of SSE events in one chunked-encoding read) handles it once, not once per chunk."""
+        chunks = self.chunks
+        if not chunks:
             return None
-        chunk = self.chunks.popleft()
+        if len(chunks) == 1:
+            chunk = chunks.popleft()
+        else:
+            chunk = b"".join(chunks)
+            chunks.clear()
         self.buffered -= len(chunk)
         if self.paused and self.buffered <= _HIGH_WATER // 2 and self.transport is not None:
             self.paused = False

@@ -32,6 +32,10 @@ log = logging.getLogger("turnstream.engine")
 REQUESTS = Counter("turnstream_engine_requests_total", "Requests served", ["endpoint", "status"])
 GENERATED = Counter("turnstream_engine_generated_tokens_total", "Tokens generated")
 SCORED = Counter("turnstream_engine_prompt_tokens_total", "Prompt tokens processed (prefill)")
+ABANDONED = Counter(
+    "turnstream_engine_requests_abandoned_total",
+    "Requests whose client left before the end (generation stopped)",
+)
 QUEUE = Gauge("turnstream_engine_queue_depth", "Requests admitted or waiting in the inference thread")
 RELOADS = Counter("turnstream_engine_weight_updates_total", "Weight updates", ["status"])
 
@@ -133,6 +137,9 @@ def create_app(settings: EngineSettings, runner: Runner | None = None) -> FastAP
                     GENERATED.inc(item.completion_tokens)
                     SCORED.inc(item.prompt_tokens)
                     return
+        except (GeneratorExit, asyncio.CancelledError):
+            ABANDONED.inc()
+            raise
         finally:
             job.cancelled.set()  # a client that went away frees the inference thread
             QUEUE.set(runner.queue_depth)

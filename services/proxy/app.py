@@ -31,6 +31,7 @@ from services.proxy.recorder import TurnRecorder
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
 from services.proxy.turn_numbers import TurnNumbers
 from services.proxy.turns import DROPPED, Completion, UnrecordableTurn, build_turn
+from services.sse import data_batches
 
 log = logging.getLogger("turnstream.proxy")
 
@@ -77,6 +78,48 @@ class _ThenRecord(Response):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await super().__call__(scope, receive, send)
         self._after()
+
+
+class _EventStream(StreamingResponse):
+    """A streamed chat response. Its body iterator yields ``(bytes, last)``: the last piece goes out with the
+    chunked terminator in one write. A client that goes away cancels the relay (which closes the engine stream,
+    so the engine stops generating) through a plain task, where Starlette's StreamingResponse spends an anyio task
+    group (~70 us) per response."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        streaming, gone = True, False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if streaming:
+                gone = True
+                task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        pieces = self.body_iterator
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            last = False
+            async for piece, last in pieces:  # type: ignore[misc]
+                await send({"type": "http.response.body", "body": piece, "more_body": not last})
+                if last:
+                    break
+            if not last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()
+        finally:
+            streaming = False
+            watcher.cancel()
+            await pieces.aclose()  # type: ignore[attr-defined]
 
 
 class BadInput(Exception):
@@ -368,31 +411,33 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         main = session.turn_type == "main"
         strip = not all(wants.values()) and main
 
-        async def relay() -> AsyncIterator[bytes]:
+        async def relay() -> AsyncIterator[tuple[bytes, bool]]:
+            # The events of one network read go to the client in one write, as soon as the read is split: real
+            # streaming (a token-paced engine gives one event per read), and a burst costs one write, not one each.
             completion = Completion()
-            complete = False
+            complete = ended = False
             try:
-                async for line in upstream.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        complete = True
-                        yield b"data: [DONE]\n\n"
+                async for payloads in data_batches(upstream.aiter_bytes()):
+                    out: list[bytes] = []
+                    for payload in payloads:
+                        if payload == b"[DONE]":
+                            complete = ended = True
+                            out.append(b"data: [DONE]\n\n")
+                            break
+                        if main:
+                            chunk = _json_decoder.decode(payload)
+                            if "error" in chunk and "choices" not in chunk:
+                                ended = True
+                                out.append(b"data: " + payload + b"\n\n")
+                                break
+                            completion.add_chunk(chunk)
+                            if strip:
+                                _strip(chunk, wants)
+                                payload = _json_encoder.encode(chunk)
+                        out.append(b"data: " + payload + b"\n\n")
+                    yield b"".join(out), ended
+                    if ended:
                         break
-                    if not main:
-                        yield b"data: " + payload.encode() + b"\n\n"
-                        continue
-                    chunk = _json_decoder.decode(payload)
-                    if "error" in chunk and "choices" not in chunk:
-                        yield b"data: " + payload.encode() + b"\n\n"
-                        break
-                    completion.add_chunk(chunk)
-                    if strip:
-                        _strip(chunk, wants)
-                        yield b"data: " + _json_encoder.encode(chunk) + b"\n\n"
-                    else:
-                        yield b"data: " + payload.encode() + b"\n\n"
             except (
                 Exception
             ) as exc:  # the engine broke off mid-stream: tell the client in-band, record nothing
@@ -405,7 +450,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                         "code": None,
                     }
                 }
-                yield b"data: " + _json_encoder.encode(err) + b"\n\n"
+                yield b"data: " + _json_encoder.encode(err) + b"\n\n", True
             finally:
                 await upstream.aclose()
                 REQUESTS.labels(session.turn_type, "true", "200" if complete else "aborted").inc()
@@ -416,7 +461,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                     else:
                         DROPPED.labels("stream_incomplete").inc()
 
-        return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
+        return _EventStream(relay(), media_type="text/event-stream", headers=headers)
 
     async def models(_: Request) -> Response:
         assert state is not None

@@ -63,11 +63,16 @@ class Completion:
                     slot["name"] = fn["name"]
                 if fn.get("arguments"):
                     slot["arguments"].append(fn["arguments"])
+            # Extended in place: a new list per chunk would copy the response so far once per token.
             if (ids := choice.get("token_ids")) is not None:
-                self.token_ids = (self.token_ids or []) + list(ids)
+                if self.token_ids is None:
+                    self.token_ids = []
+                self.token_ids.extend(ids)
             lp = choice.get("logprobs")
             if lp and lp.get("content"):
-                self.logprobs = (self.logprobs or []) + [float(c["logprob"]) for c in lp["content"]]
+                if self.logprobs is None:
+                    self.logprobs = []
+                self.logprobs.extend([float(c["logprob"]) for c in lp["content"]])
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 

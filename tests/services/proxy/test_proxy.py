@@ -4,6 +4,7 @@ exactly what the engine produced."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 
 from services.config import Config, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
+from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, assert_still_serving, pair_all, wait_for_turns
 
 pytestmark = pytest.mark.integration
@@ -100,21 +102,55 @@ async def test_streaming_with_tools_records_what_was_streamed(
         extra_headers={"X-Session-Id": "sess-s"},
         extra_body={"ignore_eos": True},
     )
-    text, lps, chunks = [], [], 0
+    text, lps, chunks, arrivals = [], [], 0, []
     for chunk in stream:
         chunks += 1
         for c in chunk.choices:
             if c.delta.content:
                 text.append(c.delta.content)
+                arrivals.append(time.monotonic())
             if c.logprobs and c.logprobs.content:
                 lps.extend(x.logprob for x in c.logprobs.content)
-    assert chunks > 10, "chunks were relayed as produced, not buffered into one"
+    assert chunks > 10
+    # Relayed as the engine produced them (24 tokens at its ~16 tokens/s): a proxy that buffered the stream would
+    # hand them over at once.
+    assert arrivals[-1] - arrivals[0] > 0.25
     (turn,) = await wait_for_turns(kafka, 1)
     assert turn.session_id == "sess-s" and turn.tools == TOOLS
     assert turn.response.content == "".join(text)
     assert turn.response_logprobs == pytest.approx(lps) and len(turn.response_token_ids) == 24
     scored = await rescore(engine, turn.prompt_token_ids, turn.response_token_ids)
     assert max(abs(a - b) for a, b in zip(scored, turn.response_logprobs, strict=True)) < 1e-4
+
+
+async def test_a_client_that_leaves_mid_stream_stops_the_engine_and_nothing_is_recorded(
+    proxy: ProxyProcess, engine: EngineProcess, kafka: KafkaConfig
+) -> None:
+    abandoned = "turnstream_engine_requests_abandoned_total"
+    before = scraped(engine.url, abandoned)
+    body = {
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with httpx.stream(
+        "POST", proxy.url + "/v1/chat/completions", json=body, headers={"X-Session-Id": "leaver"}, timeout=60
+    ) as r:
+        events = 0
+        for line in r.iter_lines():
+            events += line.startswith("data:")
+            if events == 3:
+                break  # and the client closes its connection mid-stream
+    # The proxy closes its engine stream, and the engine stops generating (400 tokens would take ~25 s).
+    deadline = time.monotonic() + 10
+    while scraped(engine.url, abandoned) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert scraped(engine.url, abandoned) == before + 1
+    assert scraped(proxy.url, "turnstream_proxy_turns_dropped_total", reason="stream_incomplete") == 1
+    assert_still_serving(proxy.url)
+    (turn,) = await wait_for_turns(kafka, 1)  # the still-serving check's, under a generated session id
+    assert turn.session_id != "leaver"
 
 
 async def test_side_turns_are_not_recorded_and_session_done_is(
