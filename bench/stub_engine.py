@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import json
 
-from stub_http import reply, serve
+from stub_http import Closing, reply, serve
 
 PROMPT_IDS = list(range(1000, 1030))
 
@@ -103,22 +103,35 @@ def scored(body: bytes) -> bytes:
     return json.dumps({"text": "", "output_ids": [], "meta_info": meta}).encode()
 
 
+def event_stream(chunks: list[bytes], end: bool = True) -> bytes:
+    """An SSE response in chunked encoding, one HTTP chunk per event; without its terminator when not ``end``."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    body = b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks)
+    return head + body + (b"0\r\n\r\n" if end else b"")
+
+
 async def main(
-    port: int, latency_s: float, tokens: int, fail_every: int = 0, slow_every: int = 0, slow_s: float = 2.0
+    port: int,
+    latency_s: float,
+    tokens: int,
+    fail_every: int = 0,
+    slow_every: int = 0,
+    slow_s: float = 2.0,
+    break_every: int = 0,
 ) -> None:
     full, chunks = build(tokens)
     info = reply(200, b'{"weight_version": "0", "model_path": "stub"}')
     complete = reply(200, full)
     failure = reply(500, b'{"error": {"message": "stub engine failure", "code": 500}}')
-    streamed = (
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-        + b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks)
-        + b"0\r\n\r\n"
-    )
-    calls = 0
+    streamed = event_stream(chunks)
+    # Broken streams, alternately: three events and one that is not JSON, all sent at once; three events and
+    # the connection closed with the response unfinished.
+    garbled = event_stream([*chunks[:3], b"data: {not json\n\n"])
+    cut = Closing(event_stream(chunks[:3], end=False))
+    calls = broken = 0
 
     async def respond(path: str, body: bytes) -> bytes:
-        nonlocal calls
+        nonlocal calls, broken
         if path in ("/health", "/get_model_info"):
             return info
         calls += 1
@@ -127,7 +140,12 @@ async def main(
             return failure
         if path == "/generate":
             return reply(200, scored(body))
-        return streamed if b'"stream":true' in body.replace(b" ", b"") else complete
+        if b'"stream":true' not in body.replace(b" ", b""):
+            return complete
+        if break_every and calls % break_every == 0:
+            broken += 1
+            return garbled if broken % 2 else cut
+        return streamed
 
     await serve(port, respond)
 
@@ -140,5 +158,10 @@ if __name__ == "__main__":
     ap.add_argument("--fail-every", type=int, default=0)
     ap.add_argument("--slow-every", type=int, default=0)
     ap.add_argument("--slow-ms", type=float, default=2000.0)
+    ap.add_argument("--break-every", type=int, default=0, help="break every Nth call's stream (if streamed)")
     a = ap.parse_args()
-    asyncio.run(main(a.port, a.latency_ms / 1000, a.tokens, a.fail_every, a.slow_every, a.slow_ms / 1000))
+    asyncio.run(
+        main(
+            a.port, a.latency_ms / 1000, a.tokens, a.fail_every, a.slow_every, a.slow_ms / 1000, a.break_every
+        )
+    )

@@ -7,6 +7,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 Respond = Callable[[str, bytes], Awaitable[bytes]]
+
+
+class Closing(bytes):
+    """A reply after which the connection is closed, whether or not the reply was complete (an engine that dies
+    mid-response)."""
+
+
 _REASONS = {200: b"OK", 400: b"Bad Request"}
 
 
@@ -28,8 +35,11 @@ async def serve(port: int, respond: Respond) -> None:
                 _method, path, _ = lines[0].split(" ", 2)
                 headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
-                writer.write(await respond(path, body))
+                out = await respond(path, body)
+                writer.write(out)
                 await writer.drain()
+                if isinstance(out, Closing):
+                    return
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

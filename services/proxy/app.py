@@ -416,9 +416,10 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             # streaming (a token-paced engine gives one event per read), and a burst costs one write, not one each.
             completion = Completion()
             complete = ended = False
+            # This read's events: those before a failure still go out, ahead of the error event.
+            out: list[bytes] = []
             try:
                 async for payloads in data_batches(upstream.aiter_bytes()):
-                    out: list[bytes] = []
                     for payload in payloads:
                         if payload == b"[DONE]":
                             complete = ended = True
@@ -435,7 +436,8 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                                 _strip(chunk, wants)
                                 payload = _json_encoder.encode(chunk)
                         out.append(b"data: " + payload + b"\n\n")
-                    yield b"".join(out), ended
+                    piece, out = b"".join(out), []
+                    yield piece, ended
                     if ended:
                         break
             except (
@@ -450,7 +452,8 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                         "code": None,
                     }
                 }
-                yield b"data: " + _json_encoder.encode(err) + b"\n\n", True
+                out.append(b"data: " + _json_encoder.encode(err) + b"\n\n")
+                yield b"".join(out), True
             finally:
                 await upstream.aclose()
                 REQUESTS.labels(session.turn_type, "true", "200" if complete else "aborted").inc()

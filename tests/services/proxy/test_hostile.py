@@ -5,7 +5,7 @@ error has OpenAI's shape, nothing reaches the unexpected-error handler, and it k
 from __future__ import annotations
 
 import asyncio
-import re
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from schemas import encode
 from services.config import KafkaConfig, RedisConfig
 from services.launch import ServiceProcess, free_port
-from tests.services.proxy.conftest import ProxyProcess, assert_still_serving
+from tests.metrics import scraped
+from tests.services.proxy.conftest import ProxyProcess, assert_still_serving, wait_for_turns
 
 pytestmark = pytest.mark.integration
 
@@ -30,10 +31,17 @@ class StubProxy:
     """bench/stub_engine.py behind ``turnstream proxy`` (recording into the test's namespace). ``close`` checks
     that every main turn served was recorded and that nothing reached the unexpected-error handler."""
 
-    def __init__(self, kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path, **env: str) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        redis_config: RedisConfig,
+        tmp_path: Path,
+        stub_args: tuple[str, ...] = (),
+        **env: str,
+    ) -> None:
         port = free_port()
         self.stub = ServiceProcess(
-            ["--port", str(port), "--latency-ms", "1"],
+            ["--port", str(port), "--latency-ms", "1", *stub_args],
             port=port,
             ready_path="/health",
             startup_timeout_s=30,
@@ -54,12 +62,10 @@ class StubProxy:
         )
         self.url = self.proxy.url
 
-    def close(self) -> str:
-        """Stop both; returns the proxy's log."""
+    def close(self, dropped: int = 0) -> str:
+        """Stop both; returns the proxy's log. Every main turn served was recorded but ``dropped`` (counted)."""
         try:
-            metrics = httpx.get(self.url + "/metrics", timeout=10).text
-            dropped = re.findall(r"^turnstream_proxy_turns_dropped_total\{[^}]*\} (\S+)$", metrics, re.M)
-            assert sum(float(x) for x in dropped) == 0, "every main turn the proxy served was recorded"
+            assert scraped(self.url, "turnstream_proxy_turns_dropped_total") == dropped
         finally:
             self.proxy.stop()
             self.stub.stop()
@@ -275,3 +281,41 @@ async def test_no_secret_reaches_the_logs_or_the_events(
     finally:
         log = proxy.close()
     assert not any(v in log for v in secrets.values())
+
+
+async def test_an_engine_that_breaks_off_mid_stream_gets_an_in_band_error_and_nothing_recorded(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Every second stream breaks: three events then one that is not JSON (sent at once), or three events then
+    the engine's connection closes. The client gets the three events, then an error event and no [DONE]; the
+    turn is not recorded but counted; the streams between are served and recorded in full."""
+    proxy = StubProxy(kafka, redis_config, tmp_path, stub_args=("--break-every", "2"))
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60, "stream": True}
+    seen: list[tuple[list[str], bool, list[str]]] = []
+    log = ""
+    try:
+        for i in range(4):
+            with httpx.stream(
+                "POST",
+                proxy.url + "/v1/chat/completions",
+                json=body,
+                headers={"X-Session-Id": f"b{i}"},
+                timeout=30,
+            ) as r:
+                assert r.status_code == 200
+                data = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+            done = data[-1] == "[DONE]"
+            events = [json.loads(d) for d in data if d != "[DONE]"]
+            content = [c["delta"].get("content") or "" for e in events for c in e.get("choices", [])]
+            errors = [e["error"]["type"] for e in events if "error" in e]
+            seen.append((content, done, errors))
+    finally:
+        log = proxy.close(dropped=2)
+    for content, done, errors in seen[0::2]:  # served whole
+        assert ("".join(content), done, errors) == ("".join(f" w{i}" for i in range(60)), True, [])
+    for content, done, errors in seen[1::2]:  # broken: what came before the break, then the error
+        assert (content, done, errors) == (["", " w0", " w1"], False, ["engine_error"])
+    assert "engine stream broke off" in log
+    turns = await wait_for_turns(kafka, 2)
+    assert sorted(t.session_id for t in turns) == ["b0", "b2"]
+    assert all(len(t.response_token_ids) == 60 for t in turns)
