@@ -29,17 +29,26 @@ def version(out: Path) -> int:
     return found[0].version if found else 0
 
 
-def kill_and_restart(env: dict[str, str], out: Path, log_path: Path, announced: Callable[[], int]) -> int:
+def kill_and_restart(
+    env: dict[str, str],
+    out: Path,
+    log_path: Path,
+    announced: Callable[[], int],
+    feed: Callable[[int], None],
+) -> int:
     """Start the trainer, let it finish a step, kill -9 it at a random moment (mid-step or between steps); four
     times; then let a last run train to the end and announce the last version (``announced()`` is the newest
     version on ``weights``): a kill right after the last checkpoint leaves that to the next start. Returns the
-    kills."""
+    kills. ``feed(steps)`` publishes the samples of the first ``steps`` steps: while kills remain, the trainer
+    gets two steps beyond its checkpoint, so that on a fast machine it cannot train all twelve before the fourth
+    kill (it did, in CI)."""
     rng = random.Random(5)
     kills = 0
     give_up = time.monotonic() + 400
     with open(log_path, "w") as log:
         while version(out) < STEPS or announced() < STEPS:
             assert time.monotonic() < give_up, f"stuck at version {version(out)}; see {log_path}"
+            feed(min(version(out) + 2, STEPS) if kills < KILLS else STEPS)
             port = free_port()
             proc = ServiceProcess(
                 ["trainer"],
@@ -69,7 +78,14 @@ async def test_kill9_during_and_between_steps_trains_each_sample_once(
     kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
 ) -> None:
     samples = [make_sample(i) for i in range(4 * STEPS)]
-    await publish(kafka, samples)
+    published = 0
+
+    def feed(steps: int) -> None:
+        nonlocal published
+        if 4 * steps > published:
+            asyncio.run(publish(kafka, samples[published : 4 * steps]))
+            published = 4 * steps
+
     out = tmp_path / "weights"
     env = trainer_env(kafka, tiny_llama, out)
 
@@ -79,7 +95,7 @@ async def test_kill9_during_and_between_steps_trains_each_sample_once(
 
         return asyncio.run(newest())
 
-    kills = await asyncio.to_thread(kill_and_restart, env, out, tmp_path / "trainer.log", announced)
+    kills = await asyncio.to_thread(kill_and_restart, env, out, tmp_path / "trainer.log", announced, feed)
     found = TrainerStore(out).latest()
     assert found is not None and kills == KILLS
     trained = [sid for step in found[0].trained for sid in step]
