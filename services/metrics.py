@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
 
 CONSUMED = Counter(
     "turnstream_bus_consumed_total", "Records consumed and handed to a service", ["topic", "group"]
@@ -23,6 +26,18 @@ HANDLER_ERRORS = Counter(
 LAG = Gauge(
     "turnstream_bus_consumer_lag", "High watermark minus committed offset", ["topic", "partition", "group"]
 )
+
+
+Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
+
+
+def parse_samples(text: str) -> Samples:
+    """A /metrics page as {sample name: {sorted label pairs: value}}."""
+    out: Samples = defaultdict(dict)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name][tuple(sorted(s.labels.items()))] = s.value
+    return out
 
 
 def serve_metrics(port: int | None) -> None:

@@ -19,9 +19,8 @@ class DataLines:
 
     def feed(self, piece: bytes) -> list[bytes]:
         data = self._tail + piece if self._tail else piece
-        if (
-            b"\r" in data
-        ):  # SSE allows CRLF and bare CR line ends; a CRLF split across reads adds a blank line
+        # SSE allows CRLF and bare CR line ends; a CRLF split across two reads adds a blank line (harmless here).
+        if b"\r" in data:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = data.split(b"\n")
         self._tail = lines.pop()

@@ -89,15 +89,16 @@ class _EventStream(StreamingResponse):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         task = asyncio.current_task()
         assert task is not None
-        streaming, gone = True, False
+        gone = False
 
+        # The watcher runs only while this task awaits a send or the relay; ``finally`` cancels it before its
+        # first await, so a disconnect seen after the last piece cancels nothing.
         async def watch() -> None:
             nonlocal gone
             while (await receive())["type"] != "http.disconnect":
                 pass
-            if streaming:
-                gone = True
-                task.cancel()
+            gone = True
+            task.cancel()
 
         watcher = asyncio.get_running_loop().create_task(watch())
         pieces = self.body_iterator
@@ -117,7 +118,6 @@ class _EventStream(StreamingResponse):
                 raise
             task.uncancel()
         finally:
-            streaming = False
             watcher.cancel()
             await pieces.aclose()  # type: ignore[attr-defined]
 

@@ -7,7 +7,8 @@ from collections import defaultdict
 
 import httpx
 import msgspec
-from prometheus_client.parser import text_string_to_metric_families
+
+from services.metrics import Samples, parse_samples
 
 
 class Progress(msgspec.Struct):
@@ -54,21 +55,11 @@ class Progress(msgspec.Struct):
         return text
 
 
-def _samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[s.name][tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
-def _total(metrics: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str) -> int:
+def _total(metrics: Samples, name: str) -> int:
     return int(sum(metrics.get(name, {}).values()))
 
 
-def _by(
-    metrics: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str, label: str
-) -> dict[str, float]:
+def _by(metrics: Samples, name: str, label: str) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for labels, value in metrics.get(name, {}).items():
         out[dict(labels).get(label, "")] += value
@@ -77,7 +68,7 @@ def _by(
 
 async def scrape(http: httpx.AsyncClient, ports: dict[str, int], batch_size: int) -> Progress:
     """One snapshot; a service that does not answer is listed in ``down`` (and counts as zero)."""
-    metrics: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    metrics: Samples = {}
     down = []
     for name, port in ports.items():
         try:
@@ -86,7 +77,7 @@ async def scrape(http: httpx.AsyncClient, ports: dict[str, int], batch_size: int
         except httpx.HTTPError:
             down.append(name)
             continue
-        for metric, values in _samples(r.text).items():
+        for metric, values in parse_samples(r.text).items():
             metrics.setdefault(metric, {}).update(values)
     met = _by(metrics, "turnstream_simulate_responses_total", "met")
     simulated = int(sum(met.values()))
