@@ -1,8 +1,9 @@
 # turnstream developer entry points. Heavy installs live in ~/.cache/turnstream (TURNSTREAM_CACHE).
 .PHONY: setup run test lint format services-up services-down clean
 
-setup:            ## venv (cached by lock hash), Kafka jars, redis-server
+setup:            ## venvs (cached by lock hash: the services', SGLang's), Kafka jars, redis-server
 	bash scripts/setup-venv.sh
+	bash scripts/setup-sglang.sh
 	bash scripts/kafka.sh install
 	bash scripts/redis.sh install
 

@@ -161,7 +161,6 @@ class Pipeline:
             "TURNSTREAM_REDIS_URL": self.redis_url,
             "TURNSTREAM_REDIS_KEY_PREFIX": self.redis_prefix,
             "TURNSTREAM_ENGINE_URL": self.stubs["policy"].url,
-            "TURNSTREAM_ENGINE_KIND": "sglang",
             "TURNSTREAM_ENGINE_RETRIES": "0",
             "TURNSTREAM_PROXY_SPOOL_DIR": str(self.workdir / "spool"),
             "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(self.workdir),

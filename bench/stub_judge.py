@@ -1,8 +1,11 @@
-"""A stub judge engine: answers /v1/chat/completions in the OpenAI/SGLang shape after a fixed latency with the text
-an LLM judge writes, so judge workers can be measured and tested without a GPU. It runs in its own process.
+"""A stub judge engine: answers /v1/chat/completions as SGLang 0.5.23 does (bench/stub_engine.py's shapes, checked by
+tests/contract) after a fixed latency, with the text an LLM judge writes, so judge workers can be measured and tested
+without a GPU. It runs in its own process. The flags SGLang takes (log-probs, token ids, ``meta_info``, ``sglext``
+ids, streaming, its refusals) are honoured too; ``/model_info``, ``/v1/models`` and ``/health`` answer as SGLang's.
 
 The verdict is read from the judge prompt: a next state mentioning "wrong" is a correction (eval \\boxed{-1};
-hint \\boxed{1} with a hint naming the turn), anything else is fine (eval \\boxed{1}; hint \\boxed{-1}).
+hint \\boxed{1} with a hint naming the turn), anything else is fine (eval \\boxed{1}; hint \\boxed{-1}). The answer
+ends with EOS, or at ``max_tokens``.
 ``--fail-every N`` answers every Nth chat request with ``--fail-status`` (500: a flaky engine; 400: an engine
 that rejects those requests).
 
@@ -13,17 +16,38 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
+from typing import Any
 
+from stub_engine import (
+    EOS_ID,
+    EOS_TEXT,
+    NOT_FOUND,
+    Answer,
+    EngineState,
+    Token,
+    api_error,
+    chat_reply,
+    parse_json,
+    read_ask,
+    stamp,
+    stream_refusal,
+    text_tokens,
+)
 from stub_http import reply, serve
 
 _STATE = re.compile(r"## Next state \(role: [^)]*\)\n(.*?)\n\n(Did|Does) ", re.S)
 
 
-def verdict(body: dict) -> str:
+def verdict(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
     user = next(
-        (m.get("content") or "" for m in reversed(body.get("messages", [])) if m["role"] == "user"), ""
+        (
+            str(m.get("content") or "")
+            for m in reversed(messages if isinstance(messages, list) else [])
+            if isinstance(m, dict) and m.get("role") == "user"
+        ),
+        "",
     )
     m = _STATE.search(user)
     state = m.group(1) if m else user
@@ -40,32 +64,61 @@ def verdict(body: dict) -> str:
     )
 
 
+def prompt_ids(body: dict[str, Any]) -> list[int]:
+    """Stand-in prompt ids, about one per four characters of the messages (the stub has no tokenizer)."""
+    messages = body.get("messages")
+    size = (
+        sum(len(str(m.get("content") or "")) for m in messages if isinstance(m, dict))
+        if isinstance(messages, list)
+        else 0
+    )
+    return [1000 + i for i in range(size // 4 + 1)]
+
+
+def judge_answer(body: dict[str, Any], version: str) -> Answer:
+    """The verdict's tokens then EOS, cut at ``max_tokens`` (``max_completion_tokens``) as SGLang would."""
+    tokens = [*text_tokens(verdict(body)), Token(EOS_TEXT, EOS_ID, -0.02)]
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    stopped = True
+    if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < len(tokens):
+        tokens, stopped = tokens[:limit], False
+    return Answer(tokens, stopped, prompt_ids(body), version)
+
+
 async def main(port: int, latency_s: float, fail_every: int, fail_status: int) -> None:
+    state = EngineState("stub-judge", "stub-judge", "stub-judge")
+    failure = api_error(
+        fail_status,
+        "stub failure" if fail_status < 500 else "Internal server error: stub failure",
+        "BadRequest" if fail_status < 500 else "InternalServerError",
+    )
     calls = 0
 
-    async def respond(path: str, body: bytes) -> bytes:
+    async def chat(body: bytes) -> bytes:
         nonlocal calls
-        if path in ("/health", "/get_model_info"):
-            return reply(200, b'{"model_path": "stub-judge", "weight_version": "0"}')
-        if path == "/v1/models":
-            return reply(200, b'{"object": "list", "data": [{"id": "stub-judge"}]}')
+        req = parse_json(body)
+        if isinstance(req, bytes):
+            return req
+        refusal = stream_refusal(req)
+        if refusal is not None:
+            return refusal
         calls += 1
         await asyncio.sleep(latency_s)
         if fail_every and calls % fail_every == 0:
-            return reply(fail_status, b'{"error": {"message": "stub failure"}}')
-        out = {
-            "id": f"chatcmpl-{calls}",
-            "object": "chat.completion",
-            "model": "stub-judge",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": verdict(json.loads(body))},
-                    "finish_reason": "stop",
-                }
-            ],
-        }
-        return reply(200, json.dumps(out).encode())
+            return failure
+        return stamp(chat_reply(judge_answer(req, state.version), read_ask(req)))
+
+    async def respond(path: str, body: bytes) -> bytes:
+        path = path.partition("?")[0]
+        if path == "/v1/chat/completions":
+            return await chat(body)
+        if path in ("/health", "/health_generate"):
+            return reply(200, b"")
+        if path in ("/model_info", "/get_model_info"):
+            return reply(200, state.model_info())
+        if path == "/v1/models":
+            return reply(200, state.models())
+        return NOT_FOUND
 
     await serve(port, respond)
 

@@ -151,11 +151,15 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
-    """The sampling parameters the request was served with (None: the engine's default)."""
+    """The sampling parameters the response was sampled with. The proxy sends temperature, top_p, top_k, min_p and
+    repetition_penalty explicitly on every main turn (the client's value, else the model's default), so these are
+    the engine's effective values, never a guess; None only in turns recorded before that."""
 
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     max_tokens: int | None = None
     stop: list[str] | None = None
     seed: int | None = None
@@ -202,6 +206,9 @@ class Turn(Event, frozen=True, tag="turn"):
     """The client marked the session done with this turn (X-Session-Done)."""
     token_source: str = "engine"
     """``engine`` (ids from the engine) or ``retokenized`` (the engine could not return them)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """What the request passed to the chat template (e.g. ``{"enable_thinking": false}``): with ``tools`` and
+    ``messages``, what rendered ``prompt_token_ids``."""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)

@@ -15,3 +15,16 @@ wait_for() {
         sleep 0.3
     done
 }
+
+# uv, bootstrapped once into the cache; prints its path. Both venvs (.venv, .venv-sglang) are made with it.
+ensure_uv() {
+    local python="${PYTHON:-python3.11}" home="$TURNSTREAM_CACHE/uv-tool"
+    command -v "$python" >/dev/null || python=python3
+    if [[ ! -x "$home/bin/uv" ]]; then
+        log "bootstrapping uv into $home"
+        "$python" -m venv "$home"
+        "$home/bin/pip" install --quiet --disable-pip-version-check "uv==0.13.9"
+    fi
+    export UV_CACHE_DIR="$TURNSTREAM_CACHE/uv-cache" UV_LINK_MODE=copy
+    printf '%s\n' "$home/bin/uv"
+}

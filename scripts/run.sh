@@ -9,6 +9,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
 bash scripts/setup-venv.sh
+bash scripts/setup-sglang.sh
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 export TURNSTREAM_LOGGING_FORMAT="${TURNSTREAM_LOGGING_FORMAT:-text}"
 [[ -n "${ENGINE_PORT:-}" ]] && export TURNSTREAM_RUN_ENGINE_PORT="$ENGINE_PORT"

@@ -13,25 +13,18 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 
 key="$( (cat requirements.lock; "$PYTHON" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)"
 venv="$TURNSTREAM_CACHE/venv-$key"
-uv_home="$TURNSTREAM_CACHE/uv-tool"
-
-if [[ ! -x "$uv_home/bin/uv" ]]; then
-    log "bootstrapping uv into $uv_home"
-    "$PYTHON" -m venv "$uv_home"
-    "$uv_home/bin/pip" install --quiet --disable-pip-version-check "uv==0.13.9"
-fi
-export UV_CACHE_DIR="$TURNSTREAM_CACHE/uv-cache"
-export UV_LINK_MODE=copy
+uv="$(ensure_uv)"
+export UV_CACHE_DIR="$TURNSTREAM_CACHE/uv-cache" UV_LINK_MODE=copy
 
 if [[ ! -f "$venv/.complete" ]]; then
     log "installing locked dependencies into $venv (first run downloads torch: a few minutes)"
     rm -rf "$venv"
-    "$uv_home/bin/uv" venv --quiet --python "$PYTHON" "$venv"
-    "$uv_home/bin/uv" pip sync --quiet --python "$venv/bin/python" requirements.lock
+    "$uv" venv --quiet --python "$PYTHON" "$venv"
+    "$uv" pip sync --quiet --python "$venv/bin/python" requirements.lock
     touch "$venv/.complete"
 fi
-"$uv_home/bin/uv" pip install --quiet --python "$venv/bin/python" --no-deps --no-build-isolation -e . 2>/dev/null \
-    || "$uv_home/bin/uv" pip install --quiet --python "$venv/bin/python" --no-deps -e .
+"$uv" pip install --quiet --python "$venv/bin/python" --no-deps --no-build-isolation -e . 2>/dev/null \
+    || "$uv" pip install --quiet --python "$venv/bin/python" --no-deps -e .
 
 if [[ "$(readlink .venv 2>/dev/null || true)" != "$venv" ]]; then
     rm -rf .venv

@@ -7,6 +7,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
 bash scripts/setup-venv.sh
+bash scripts/setup-sglang.sh
 bash scripts/kafka.sh install
 bash scripts/redis.sh install
 

@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     models.add_argument("action", choices=["fetch"])
     models.add_argument("name", choices=["smollm2"])
 
-    engine = sub.add_parser("engine", help="the SGLang-compatible CPU inference server")
+    engine = sub.add_parser(
+        "engine", help="the real SGLang server, with this machine's flags (CPU flags when there is no GPU)"
+    )
     engine.add_argument(
         "--model", help="Hugging Face folder (default: the cached SmolLM2, fetched if missing)"
     )
@@ -38,8 +40,24 @@ def _parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--weight-version", default="0", help="version reported until the first weight update"
     )
-    engine.add_argument("--reasoning-parser", choices=["none", "qwen3"], default="none")
-    engine.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    engine.add_argument(
+        "--tool-call-parser",
+        default="qwen",
+        help="SGLang's tool-call parser (default qwen: Qwen2.5/Qwen3; 'none' for none)",
+    )
+    engine.add_argument(
+        "--reasoning-parser", default="none", help="SGLang's reasoning parser, e.g. qwen3 (default none)"
+    )
+    engine.add_argument("--api-key", default=None, help="clients must send this bearer token")
+    engine.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    engine.add_argument(
+        "--max-total-tokens", type=int, default=16384, help="KV-cache tokens on the CPU (default 16384)"
+    )
+    engine.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    engine.add_argument(
+        "--print-command", action="store_true", help="print the SGLang command and environment, start nothing"
+    )
+    engine.add_argument("sglang_args", nargs="*", help="further SGLang flags, after --")
 
     proxy = sub.add_parser(
         "proxy", help="the OpenAI-compatible proxy that records turns (and reloads weights)"
@@ -196,26 +214,35 @@ def _topics(config: Config, args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    import os
+    import shlex
 
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    import torch
-
-    from services.http_server import serve
-
-    torch.set_num_threads(args.threads)
-    from services.engine.server import EngineSettings, create_app
+    from services.engine.launch import EngineOptions, exec_sglang, sglang_command
     from services.model_store import fetch_smollm2
 
-    model = args.model or str(fetch_smollm2())
-    settings = EngineSettings(
-        model_path=model,
-        served_model_name=args.served_model_name or os.path.basename(os.path.normpath(model)),
+    opts = EngineOptions(
+        model=args.model or str(fetch_smollm2()),
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
         weight_version=args.weight_version,
-        reasoning_parser=args.reasoning_parser == "qwen3",
+        tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
+        reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
+        api_key=args.api_key,
+        threads=args.threads,
+        max_total_tokens=args.max_total_tokens,
+        device=args.device,
+        extra=tuple(args.sglang_args),
     )
-    serve(create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False)
-    return 0
+    try:
+        if args.print_command:
+            argv, env = sglang_command(opts)
+            print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv))
+            return 0
+        exec_sglang(opts)
+    except FileNotFoundError as exc:
+        print(f"turnstream engine: {exc}", file=sys.stderr)
+        return 2
+    return 0  # not reached: exec_sglang replaces this process
 
 
 def _proxy(config: Config, args: argparse.Namespace) -> int:

@@ -96,15 +96,12 @@ class RedisConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """The policy engine the proxy serves from (SGLang, or turnstream's CPU engine)."""
+    """The policy engine the proxy serves from: SGLang 0.5.23's HTTP API (``turnstream engine`` starts one)."""
 
     url: str = "http://127.0.0.1:30000"
     api_key: str | None = None
     timeout_s: PositiveFloat = 120.0
     retries: NonNegInt = 3
-    kind: Literal["turnstream", "sglang"] = "turnstream"
-    """How to ask for exact token ids: turnstream's engine streams them per chunk (``return_token_ids``);
-    SGLang returns them in ``meta_info`` (``return_meta_info``) for non-streamed requests."""
 
 
 class ProxyConfig(_Section):
@@ -128,7 +125,16 @@ class ProxyConfig(_Section):
     """Tokenizer for re-tokenizing when an engine returns no token ids (counted as a mismatch metric)."""
     redis_timeout_ms: PositiveInt = 250
     reload: bool = True
-    """Run the weight reloader in the proxy process."""
+    """Run the weight reloader in the proxy process (one proxy per engine should)."""
+    reload_timeout_s: PositiveFloat = 600.0
+    """How long one weight load may take before the reloader checks ``/model_info`` and tries again."""
+    version_probe_s: PositiveFloat = 2.0
+    """How often the proxy reads the engine's weight version when idle (an engine restart is noticed within
+    this); a completed stream triggers a probe at once (see services/proxy/versions.py)."""
+    sampling_defaults: Literal["model", "openai"] = "model"
+    """The sampling values pinned on main turns whose client gave none, as SGLang's ``--sampling-defaults``:
+    ``model`` reads the served model's generation_config.json (Qwen3: temperature 0.6, top_k 20, top_p 0.95),
+    ``openai`` is temperature 1, top_p 1, top_k -1, min_p 0, repetition_penalty 1."""
 
 
 class PairerConfig(_Section):
@@ -253,7 +259,7 @@ class RunConfig(_Section):
     """``rules`` on the CPU; ``engine`` judges with the teacher engine."""
     run_dir: str = ""
     """Where each service's log goes; empty: ``<cache>/run/<timestamp>``."""
-    startup_timeout_s: PositiveFloat = 300.0
+    startup_timeout_s: PositiveFloat = 600.0
     simulate: NonNegInt = 0
     """Simulated users to drive through the proxy (``turnstream simulate``); 0: none."""
 
@@ -261,6 +267,8 @@ class RunConfig(_Section):
 class MetricsConfig(_Section):
     port: Port | None = None
     """Prometheus /metrics port for services without an HTTP server of their own."""
+    host: str = "127.0.0.1"
+    """Where that port listens: 0.0.0.0 for a Prometheus in another container (compose.yaml)."""
 
 
 class LoggingConfig(_Section):

@@ -1,4 +1,4 @@
-"""The one async client for SGLang and turnstream's engine, used by proxy, judge, teacher and reloader.
+"""The one async client for SGLang (0.5.23's HTTP API), used by proxy, judge, teacher and reloader.
 
 One shared httpx connection pool per process. Idempotent calls (scoring, info, weight updates, greedy
 generation) are retried with exponential backoff and jitter; sampled generations are retried only when the
@@ -37,6 +37,14 @@ async def close_engine_pool() -> None:
     if _hot is not None:
         await _hot.aclose()
         _hot = None
+
+
+EXACT_NON_STREAMED = {"logprobs": True, "return_token_ids": True, "return_meta_info": True}
+"""What a non-streamed chat request adds to get exact ids (``prompt_token_ids``, ``response_token_ids``) and the
+sampled tokens' ``[logprob, id, text]`` (``meta_info.output_token_logprobs``, EOS included)."""
+EXACT_STREAMED = {"logprobs": True, "return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
+"""The same for a streamed one: SGLang 0.5.23 refuses ``return_*_token_ids``/``return_meta_info`` with ``stream``
+(HTTP 400) and instead sends the ids in a last ``sglext`` chunk before ``[DONE]``; log-probs ride on the chunks."""
 
 
 class EngineError(Exception):
@@ -245,7 +253,17 @@ class EngineClient:
             return False
 
     async def model_info(self) -> dict[str, Any]:
-        return await self._request("GET", "/get_model_info", idempotent=True)  # type: ignore[no-any-return]
+        """SGLang's ``/model_info`` (``/get_model_info`` is deprecated): ``weight_version``, ``model_path``, the
+        parsers, ``preferred_sampling_params``."""
+        return await self._request("GET", "/model_info", idempotent=True)  # type: ignore[no-any-return]
+
+    async def pause_generation(self, mode: str = "retract") -> None:
+        """New requests wait (they are not refused); ``retract`` moves running ones back to the queue with their
+        output so far, to be continued (their KV recomputed) after ``continue_generation``."""
+        await self._request("POST", "/pause_generation", {"mode": mode}, idempotent=True)
+
+    async def continue_generation(self) -> None:
+        await self._request("POST", "/continue_generation", {}, idempotent=True)
 
     async def models(self) -> list[dict[str, Any]]:
         return (await self._request("GET", "/v1/models", idempotent=True))["data"]  # type: ignore[no-any-return]
@@ -337,15 +355,8 @@ class EngineClient:
     # /v1/chat/completions --------------------------------------------------------------------------------
 
     async def chat(self, body: dict[str, Any]) -> ChatResult:
-        """Non-streamed chat completion. Asks for exact token ids and log-probs in both engines' spellings."""
-        req = {
-            **body,
-            "stream": False,
-            "logprobs": True,
-            "return_prompt_token_ids": True,
-            "return_token_ids": True,
-            "return_meta_info": True,
-        }
+        """Non-streamed chat completion with exact prompt and response ids and the sampled tokens' log-probs."""
+        req = {**body, "stream": False, **EXACT_NON_STREAMED}
         greedy = float(body.get("temperature", 1.0) or 0.0) == 0.0 and "temperature" in body
         data = await self._request("POST", "/v1/chat/completions", req, idempotent=greedy)
         return parse_chat_result(data)
@@ -400,11 +411,31 @@ class EngineClient:
             await resp.aclose()
 
 
+def version_number(version: Any) -> int:
+    """turnstream numbers weight versions; SGLang reports strings. Anything but a number ('default': an engine
+    started without ``--weight-version``) is the starting weights, version 0."""
+    text = str(version) if version is not None else ""
+    return int(text) if text.isdigit() else 0
+
+
+def served_version(data: dict[str, Any]) -> int | None:
+    """The oldest weight version that produced a non-streamed response: ``metadata.weight_versions`` spans say which
+    version made which tokens when a reload landed mid-generation; a turn is never labelled newer than its oldest
+    token. None when the engine said nothing."""
+    meta = data.get("metadata") or {}
+    spans = meta.get("weight_versions")
+    if spans:
+        return min(version_number(span.get("version")) for span in spans)
+    if meta.get("weight_version") is not None:
+        return version_number(meta["weight_version"])
+    return None
+
+
 def parse_chat_result(data: dict[str, Any]) -> ChatResult:
     choice = data["choices"][0]
     meta = choice.get("meta_info") or {}
     out_lps = meta.get("output_token_logprobs")
-    token_ids = choice.get("token_ids")
+    token_ids = choice.get("response_token_ids")
     if token_ids is None and out_lps is not None:
         token_ids = [int(e[1]) for e in out_lps]
     logprobs: list[float] | None = None
@@ -412,12 +443,12 @@ def parse_chat_result(data: dict[str, Any]) -> ChatResult:
         logprobs = [float(e[0]) for e in out_lps]
     elif choice.get("logprobs") and choice["logprobs"].get("content") is not None:
         logprobs = [float(c["logprob"]) for c in choice["logprobs"]["content"]]
-    version = (data.get("metadata") or {}).get("weight_version", meta.get("weight_version"))
+    version = served_version(data)
     return ChatResult(
         raw=data,
         message=choice["message"],
         finish_reason=choice.get("finish_reason") or "stop",
-        prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids"),
+        prompt_token_ids=choice.get("prompt_token_ids"),
         token_ids=token_ids,
         logprobs=logprobs,
         weight_version=None if version is None else str(version),

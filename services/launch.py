@@ -74,20 +74,32 @@ class ServiceProcess:
         self.url = f"http://127.0.0.1:{port}"
         self.name = os.path.basename(program[-1]) if program else args[0]
         self._devnull = None if log is not None else open(os.devnull, "w")
-        self.proc = subprocess.Popen(
-            [*(program or (sys.executable, "-m", "services.cli")), *args],
-            env={
-                **os.environ,
-                "TURNSTREAM_LOGGING_FORMAT": "text",
-                **(env or {}),
-                **({PARENT_ENV: str(os.getpid())} if die_with_parent else {}),
-            },
-            stdout=log or self._devnull,
-            stderr=subprocess.STDOUT,
-        )
+        self._argv = [*(program or (sys.executable, "-m", "services.cli")), *args]
+        self._env = {
+            **os.environ,
+            "TURNSTREAM_LOGGING_FORMAT": "text",
+            **(env or {}),
+            **({PARENT_ENV: str(os.getpid())} if die_with_parent else {}),
+        }
+        self._log = log
+        self.ready_path = ready_path
+        self.proc = self._spawn()
         self.startup_timeout_s = startup_timeout_s
         if wait:
             self.wait_ready(ready_path)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        if self._devnull is None and self._log is None:
+            self._devnull = open(os.devnull, "w")
+        return subprocess.Popen(
+            self._argv, env=self._env, stdout=self._log or self._devnull, stderr=subprocess.STDOUT
+        )
+
+    def restart(self) -> None:
+        """Stop and start it again, same command and port (a crash and its supervisor, in a test)."""
+        self.stop()
+        self.proc = self._spawn()
+        self.wait_ready(self.ready_path)
 
     def wait_ready(self, ready_path: str, abort: threading.Event | None = None) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -119,6 +131,7 @@ class ServiceProcess:
             code = None
         if self._devnull is not None:
             self._devnull.close()
+            self._devnull = None
         return code
 
     def __enter__(self) -> ServiceProcess:

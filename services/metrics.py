@@ -40,7 +40,8 @@ def parse_samples(text: str) -> Samples:
     return out
 
 
-def serve_metrics(port: int | None) -> None:
-    """Expose /metrics on ``port`` for services without an HTTP server of their own."""
+def serve_metrics(port: int | None, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on ``port`` for services without an HTTP server of their own (``host`` 0.0.0.0 where a
+    Prometheus in another container scrapes them)."""
     if port is not None:
-        start_http_server(port, addr="127.0.0.1")
+        start_http_server(port, addr=host)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -80,12 +81,28 @@ def smollm2_path() -> Path:
     return fetch_smollm2(log=False)
 
 
+class RunningEngine:
+    """An SGLang server someone else started (``TURNSTREAM_TEST_ENGINE_URL``): a developer's warm engine, so a
+    rerun does not wait a minute and a half for start-up. It must serve SmolLM2 at version 0, unmodified."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def stop(self) -> None:
+        return None
+
+
 @pytest.fixture(scope="session")
-def engine(smollm2_path: Path) -> Iterator[EngineProcess]:
-    """One shared SmolLM2 engine for tests that do not change its weights."""
-    proc = EngineProcess(smollm2_path)
-    yield proc
-    proc.stop()
+def engine(smollm2_path: Path) -> Iterator[EngineProcess | RunningEngine]:
+    """One shared real SGLang server (SmolLM2) for the tests that do not change its weights. Started once per
+    session: start-up takes 70-100 s on this machine's two cores."""
+    if url := os.environ.get("TURNSTREAM_TEST_ENGINE_URL"):
+        yield RunningEngine(url)
+        return
+    with open(os.path.join(tempfile.gettempdir(), "turnstream-test-engine.log"), "w") as log:
+        proc = EngineProcess(smollm2_path, log=log)
+        yield proc
+        proc.stop()
 
 
 @pytest.fixture(scope="session")

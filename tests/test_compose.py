@@ -145,7 +145,30 @@ def test_every_service_runs_a_real_command_with_a_valid_configuration(default: d
         config = load_config(env=env)  # raises on an unknown or invalid TURNSTREAM_* setting
         assert config.kafka.bootstrap == "kafka:9092" and config.redis.url == "redis://redis:6379/0"
     assert load_config(env=services["dispatcher"]["environment"]).dispatcher.mode == "combine"
-    assert load_config(env=services["proxy"]["environment"]).engine.kind == "sglang"
+    for name in OURS:
+        env = {k: v for k, v in services[name]["environment"].items() if v is not None}
+        assert load_config(env=env).metrics.host == "0.0.0.0", f"{name}: a Prometheus elsewhere can scrape it"
+    trainer_env = {k: v for k, v in services["trainer"]["environment"].items() if v is not None}
+    assert load_config(env=trainer_env).trainer.precision == "bf16", "no GPU: the trainer fails at start"
+
+
+def test_sglang_is_pinned_to_the_tested_version_with_raw_logprobs_and_parsers() -> None:
+    from services.engine.launch import SGLANG_VERSION
+
+    assert (REPO / "scripts" / "sglang" / "version").read_text().strip() == SGLANG_VERSION
+    out = resolve(POLICY_GPUS="0,1", POLICY_TP="2")
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    for name in ("sglang-policy", "sglang-teacher"):
+        s = services[name]
+        assert s["image"].startswith(f"lmsysorg/sglang:v{SGLANG_VERSION}"), s["image"]
+        assert s["environment"]["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "1"
+        command = " ".join(s["command"])
+        assert "--tool-call-parser qwen " in command and "--reasoning-parser qwen3 " in command
+        assert "--weight-version 0" in command and "--enable-metrics" in command
+    policy = services["sglang-policy"]
+    assert "--tp 2" in " ".join(policy["command"])
+    assert policy["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0,1"]
 
 
 def test_the_dockerfile_copies_what_exists_and_runs_the_cli() -> None:

@@ -299,7 +299,7 @@ async def run_dispatcher(
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop`` is set): the in-flight batch finishes and is committed."""
     dc = config.dispatcher
-    serve_metrics(config.metrics.port)
+    serve_metrics(config.metrics.port, config.metrics.host)
     redis = aioredis.from_url(config.redis.url)
     store = JoinStore(
         redis,

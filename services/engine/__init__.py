@@ -1,1 +1,1 @@
-"""turnstream's CPU inference engine: the subset of SGLang's HTTP API the rest of turnstream uses."""
+"""``turnstream engine``: the real SGLang server, launched with the flags this machine needs (see launch.py)."""

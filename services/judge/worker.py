@@ -188,7 +188,7 @@ async def run_judge(
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop`` is set): the in-flight batch finishes and is committed."""
     jc = config.judge
-    serve_metrics(config.metrics.port)
+    serve_metrics(config.metrics.port, config.metrics.host)
     backend = make_backend(config)
     if isinstance(backend, EngineBackend) and not backend.model:
         backend.model = await _served_model(backend) or jc.engine_url

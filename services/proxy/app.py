@@ -22,15 +22,20 @@ from starlette.routing import Route
 from schemas import Message
 from services.config import Config
 from services.engine_client import (
+    EXACT_NON_STREAMED,
+    EXACT_STREAMED,
     EngineClient,
     EngineError,
     EngineTimeout,
     close_engine_pool,
+    version_number,
 )
 from services.proxy.recorder import TurnRecorder
+from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
 from services.proxy.turn_numbers import TurnNumbers
-from services.proxy.turns import DROPPED, Completion, UnrecordableTurn, build_turn
+from services.proxy.turns import DROPPED, RESCORED, Completion, UnrecordableTurn, build_turn, modified_logits
+from services.proxy.versions import ServedVersions
 from services.sse import data_batches
 
 log = logging.getLogger("turnstream.proxy")
@@ -44,7 +49,8 @@ _LATENCY = {stream: LATENCY.labels(str(stream).lower()) for stream in (True, Fal
 
 _json_decoder = msgspec.json.Decoder()
 _json_encoder = msgspec.json.Encoder()
-_EXTRAS = ("token_ids", "prompt_token_ids", "meta_info")
+_EXTRAS = ("response_token_ids", "prompt_token_ids", "meta_info")
+_SGLEXT_HEADERS = {"input_ids": "x-sglext-return-input-ids", "output_ids": "x-sglext-return-output-ids"}
 
 
 def openai_error(
@@ -135,12 +141,15 @@ class ProxyState:
     engine: EngineClient
     turn_numbers: TurnNumbers
     recorder: TurnRecorder
-    weight_version: int = 0
-    """The last version the reloader saw the engine load (fallback when an engine reports none)."""
+    versions: ServedVersions = field(default_factory=ServedVersions)
+    """What the engine serves (streamed turns are labelled from it; their chunks carry no version)."""
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(OPENAI_SAMPLING))
+    """Pinned on every main turn where the client gave none, so the recorded values are the effective ones."""
     retokenize: Any = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     reloader: Any = None
-    reloader_task: asyncio.Task[None] | None = None
+    background: list[asyncio.Task[None]] = field(default_factory=list)
+    """The reloader and the version probe: cancelled at shutdown."""
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -235,9 +244,9 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
     async def _shutdown() -> None:
         if state is not None:
             # The reloader follows without a consumer group: nothing to commit, so it is cancelled, not awaited.
-            if state.reloader_task is not None:
-                state.reloader_task.cancel()
-                await asyncio.gather(state.reloader_task, return_exceptions=True)
+            for task in state.background:
+                task.cancel()
+            await asyncio.gather(*state.background, return_exceptions=True)
             if state.tasks:
                 await asyncio.gather(*state.tasks, return_exceptions=True)
             await state.recorder.stop()
@@ -268,11 +277,12 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         body: dict[str, Any],
         completion: Completion,
         created: float,
+        version: int,
     ) -> None:
         assert state is not None and session.session_id is not None
         if index_task is not None and not index_task.done():  # rare: Redis slower than the engine
             index_task.add_done_callback(
-                lambda _: finish_turn(session, index_task, body, completion, created)
+                lambda _: finish_turn(session, index_task, body, completion, created, version)
             )
             return
         # No number (Redis unreachable, now or when the request came): recorded unnumbered, numbered on publishing.
@@ -289,7 +299,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                     model=body.get("model") or pc.served_model_name,
                     created_at=created,
                     session_done=session.done,
-                    fallback_version=state.weight_version,
+                    fallback_version=version,
                     retokenize=state.retokenize,
                 )
             except UnrecordableTurn as exc:
@@ -326,6 +336,13 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             return openai_error(400, str(exc), "invalid_request_error", "invalid_session")
         headers: dict[str, str] = {}
         index: asyncio.Task[int | None] | None = None
+        if session.turn_type == "main" and (body.get("n") or 1) > 1:
+            return openai_error(
+                400,
+                "a main turn is recorded as one response: 'n' must be 1 (send n > 1 as a side turn)",
+                "invalid_request_error",
+                "invalid_value",
+            )
         if session.turn_type == "main":
             if session.session_id is None:
                 if pc.missing_session == "reject":
@@ -340,20 +357,27 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             if not state.recorder.deferring:
                 index = asyncio.create_task(next_turn_index(session.session_id))  # type: ignore[arg-type]
         stream = bool(body.get("stream"))
+        # What the client would get from SGLang itself: the proxy's own additions are taken out again.
         wants = {
             "logprobs": bool(body.get("logprobs")),
-            **{k: bool(body.get(f"return_{k}")) for k in ("token_ids", "prompt_token_ids", "meta_info")},
+            "response_token_ids": bool(body.get("return_token_ids")),
+            "prompt_token_ids": bool(body.get("return_prompt_token_ids") or body.get("return_token_ids")),
+            "meta_info": bool(body.get("return_meta_info")),
+            **{
+                key: bool(body.get(f"return_{key}_in_sglext")) or request.headers.get(header) == "1"
+                for key, header in _SGLEXT_HEADERS.items()
+            },
         }
         forward = dict(body)
         if session.turn_type == "main":
-            forward["return_prompt_token_ids"] = True
-            if stream:  # ids and log-probs ride on each chunk
-                forward["logprobs"] = True
-                forward["return_token_ids"] = True
-            else:  # meta_info carries [logprob, id] pairs: compact, and SGLang's way to return output ids
-                forward["return_meta_info"] = True
-                if config.engine.kind == "sglang":
-                    forward["logprobs"] = True
+            for name, value in state.sampling.items():  # the engine's defaults made explicit, so recorded
+                if forward.get(name) is None:
+                    forward[name] = value
+            forward.update(EXACT_STREAMED if stream else EXACT_NON_STREAMED)
+        elif stream:  # SGLang reads these from the body only when the proxy forwards no headers
+            for key in ("input_ids", "output_ids"):
+                if wants[key]:
+                    forward[f"return_{key}_in_sglext"] = True
         if stream:
             return await _stream(request, session, index, body, forward, wants, headers, created)
         main = session.turn_type == "main"
@@ -375,7 +399,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         return _ThenRecord(
             _json_encoder.encode(payload),
             headers,
-            lambda: record_response(session, index, body, data, created),
+            lambda: record_response(session, index, forward, data, created),
         )
 
     def record_response(
@@ -391,7 +415,43 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             DROPPED.labels("bad_engine_response").inc()
             log.warning("engine response not understood; turn not recorded", extra={"error": repr(exc)})
             return
-        finish_turn(session, index, body, completion, created)
+        version = completion.weight_version
+        if version is None:
+            version = state.versions.current
+        if modified_logits(body) is None:
+            finish_turn(session, index, body, completion, created, version)
+            return
+        task = asyncio.create_task(_rescore_then_finish(session, index, body, completion, created, version))
+        state.tasks.add(task)
+        task.add_done_callback(state.tasks.discard)
+
+    async def _rescore_then_finish(
+        session: SessionInfo,
+        index: asyncio.Task[int | None] | None,
+        body: dict[str, Any],
+        completion: Completion,
+        created: float,
+        version: int,
+    ) -> None:
+        """The raw log-probs of a turn sampled from modified logits (see ``modified_logits``), from a prefill on
+        the weights that produced it; a reload in between drops the turn (counted), it is never mislabelled."""
+        assert state is not None
+        reason = modified_logits(body) or "unknown"
+        if completion.prompt_token_ids is None or completion.token_ids is None:
+            DROPPED.labels("no_token_ids").inc()
+            return
+        try:
+            scored = await state.engine.score(completion.prompt_token_ids, completion.token_ids)
+        except EngineError as exc:
+            DROPPED.labels("rescore_failed").inc()
+            log.warning("re-scoring a turn failed; not recorded", extra={"error": str(exc)})
+            return
+        if version_number(scored.weight_version) != version:
+            DROPPED.labels("rescore_version_moved").inc()
+            return
+        completion.logprobs = scored.logprobs
+        RESCORED.labels(reason).inc()
+        finish_turn(session, index, body, completion, created, version)
 
     async def _stream(
         request: Request,
@@ -409,7 +469,8 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         except EngineError as exc:
             return engine_failure(exc, session.turn_type, "true", headers)
         main = session.turn_type == "main"
-        strip = not all(wants.values()) and main
+        strip = main and not (wants["logprobs"] and wants["input_ids"] and wants["output_ids"])
+        epoch = state.versions.epoch  # where in the served-version history this stream began
 
         async def relay() -> AsyncIterator[tuple[bytes, bool]]:
             # The events of one network read go to the client in one write, as soon as the read is split: real
@@ -433,7 +494,8 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                                 break
                             completion.add_chunk(chunk)
                             if strip:
-                                _strip(chunk, wants)
+                                if not _strip_stream_chunk(chunk, wants):
+                                    continue  # the proxy's own sglext chunk: not the client's
                                 payload = _json_encoder.encode(chunk)
                         out.append(b"data: " + payload + b"\n\n")
                     piece, out = b"".join(out), []
@@ -460,11 +522,33 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 _LATENCY[True].observe(time.time() - created)
                 if main:
                     if complete:
-                        finish_turn(session, index, body, completion, created)
+                        label = asyncio.create_task(
+                            _label_then_finish(session, index, forward, completion, created, epoch)
+                        )
+                        state.tasks.add(label)
+                        label.add_done_callback(state.tasks.discard)
                     else:
                         DROPPED.labels("stream_incomplete").inc()
 
         return _EventStream(relay(), media_type="text/event-stream", headers=headers)
+
+    async def _label_then_finish(
+        session: SessionInfo,
+        index: asyncio.Task[int | None] | None,
+        body: dict[str, Any],
+        completion: Completion,
+        created: float,
+        epoch: int,
+    ) -> None:
+        assert state is not None
+        try:
+            version = await state.versions.label(epoch)
+        except asyncio.CancelledError:  # shutting down: the oldest version known so far, never a newer one
+            version = state.versions.oldest_since(epoch)
+        if modified_logits(body) is None:
+            finish_turn(session, index, body, completion, created, version)
+        else:
+            await _rescore_then_finish(session, index, body, completion, created, version)
 
     async def models(_: Request) -> Response:
         assert state is not None
@@ -481,7 +565,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             "status": "ok" if engine_ok else "degraded",
             "engine": engine_ok,
             "spool_pending": state.recorder.pending,
-            "weight_version": state.weight_version,
+            "weight_version": state.versions.current,
         }
         return JSONResponse(body, status_code=200 if engine_ok else 503)
 
@@ -542,8 +626,23 @@ def _strip(data: dict[str, Any], wants: dict[str, bool]) -> None:
         for extra in _EXTRAS:
             if not wants[extra]:
                 choice.pop(extra, None)
-    if not wants["prompt_token_ids"]:
-        data.pop("prompt_token_ids", None)
+
+
+def _strip_stream_chunk(chunk: dict[str, Any], wants: dict[str, bool]) -> bool:
+    """``_strip`` for a stream chunk; False when nothing of it is the client's (the ``sglext`` ids chunk the proxy
+    asked for on its own)."""
+    if not wants["logprobs"]:
+        for choice in chunk.get("choices") or ():
+            choice["logprobs"] = None
+    ext = chunk.get("sglext")
+    if ext is not None:
+        for key in ("input_ids", "output_ids"):
+            if not wants[key]:
+                ext.pop(key, None)
+        if not ext:
+            del chunk["sglext"]
+            return bool(chunk.get("choices")) or chunk.get("usage") is not None
+    return True
 
 
 async def build_state(config: Config) -> ProxyState:
@@ -569,14 +668,34 @@ async def build_state(config: Config) -> ProxyState:
         from services.proxy.retokenize import Retokenizer
 
         state.retokenize = Retokenizer(pc.tokenizer_path)
+    info: dict[str, Any] = {}
     with contextlib.suppress(EngineError, KeyError, ValueError):
         info = await engine.model_info()
-        version = str(info.get("weight_version", ""))
-        state.weight_version = int(version) if version.isdigit() else 0
+    state.versions = ServedVersions(version_number(info.get("weight_version")))
+    state.sampling = resolve_sampling_defaults(pc.sampling_defaults, info)
+    if info and not (info.get("tool_call_parser") or info.get("reasoning_parser")):
+        log.warning(
+            "the engine runs without a tool-call or reasoning parser: SGLang then drops the log-prob of a streamed "
+            "step that has no text (the final EOS), and such streamed turns are not recorded (token_mismatch). "
+            "Start it with --tool-call-parser (turnstream engine does)."
+        )
     if pc.reload:
         from services.proxy.reloader import Reloader
 
         root = Path(pc.weights_root) if pc.weights_root else cache_dir() / "weights"
-        state.reloader = Reloader(config.kafka, engine, root, state)
-        state.reloader_task = asyncio.create_task(state.reloader.run())
+        # Its own client: a load is not retried blindly (it checks /model_info instead) and may take minutes.
+        loader = EngineClient(
+            config.engine.url, api_key=config.engine.api_key, timeout_s=pc.reload_timeout_s, retries=0
+        )
+        state.reloader = Reloader(config.kafka, loader, root, state.versions)
+        state.background.append(asyncio.create_task(state.reloader.run()))
+    on_change = state.reloader.engine_changed if state.reloader is not None else None
+    probe_client = EngineClient(config.engine.url, api_key=config.engine.api_key, timeout_s=10.0, retries=0)
+
+    async def probe() -> int:
+        return version_number((await probe_client.model_info()).get("weight_version"))
+
+    state.background.append(
+        asyncio.create_task(state.versions.run(probe, pc.version_probe_s, on_change=on_change))
+    )
     return state

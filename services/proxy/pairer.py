@@ -161,7 +161,7 @@ async def run_pairer(
     config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop`` is set): the in-flight batch finishes and is committed."""
-    serve_metrics(config.metrics.port)
+    serve_metrics(config.metrics.port, config.metrics.host)
     redis = aioredis.from_url(config.redis.url)
     producer = EventProducer(config.kafka, client_id=f"{config.kafka.client_id}-pairer")
     await producer.start()

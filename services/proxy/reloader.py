@@ -1,8 +1,22 @@
-"""The weight reloader: follows ``weights`` and asks the engine to load each newer version.
+"""The weight reloader: follows ``weights`` and has the engine load each newer version.
 
-Runs in the proxy process with a consumer group of its own (every proxy replica sees every version). Only paths
-below the configured weights root are loaded; anything else is dead-lettered. The engine keeps serving while it
-loads, so users are never refused."""
+Runs in the proxy process and reads the compacted topic from its start without a consumer group (every proxy
+replica sees every version). Only paths below the configured weights root are loaded; anything else is
+dead-lettered.
+
+The update protocol suits SGLang 0.5.23: a plain ``/update_weights_from_disk`` takes a writer lock that waits for
+every in-flight generation to finish while new requests queue behind it, so time to first token during a reload
+would be the longest running generation plus the load (minutes on a CPU). Instead the reloader pauses generation
+with ``retract`` (running requests go back to the queue keeping their output so far; new ones wait, none is
+refused), loads (no lock while paused; the cache can be flushed), and continues: the retracted requests resume on
+the new weights after recomputing their KV. Time to first token during a reload is the load time plus that
+recompute. ``continue_generation`` runs in a ``finally`` and once at start-up, so an engine is never left paused by
+a reloader that failed or died.
+
+No version is loaded twice: before pausing and again once paused the reloader reads ``/model_info`` and skips a
+version the engine already serves. After an engine restart (a probe sees the starting weights again; see
+ServedVersions) the newest version is applied again.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +25,26 @@ import logging
 import os
 import uuid
 from pathlib import Path
-from typing import Any
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Histogram
 
 from schemas import WeightsPublished
 from schemas.topics import WEIGHTS
 from services.bus import EventConsumer, Record
 from services.config import KafkaConfig
-from services.engine_client import EngineClient, EngineError
+from services.engine_client import EngineClient, EngineError, version_number
+from services.proxy.versions import ServedVersions
 
 log = logging.getLogger("turnstream.proxy.reloader")
 
 RELOADS = Counter(
     "turnstream_proxy_weight_reloads_total", "Weight versions the engine was asked to load", ["status"]
 )
-VERSION = Gauge("turnstream_proxy_weight_version", "Weight version the engine serves")
+RELOAD_SECONDS = Histogram(
+    "turnstream_proxy_weight_reload_seconds",
+    "From pausing generation to continuing it, for one weight version",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
 
 
 def inside(root: Path, path: str) -> bool:
@@ -38,10 +56,25 @@ def inside(root: Path, path: str) -> bool:
 
 
 class Reloader:
-    def __init__(self, kafka: KafkaConfig, engine: EngineClient, weights_root: Path, state: Any) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        engine: EngineClient,
+        weights_root: Path,
+        versions: ServedVersions,
+        *,
+        pause_mode: str = "retract",
+        retry_s: float = 5.0,
+    ) -> None:
         self.engine = engine
         self.root = weights_root
-        self.state = state
+        self.versions = versions
+        self.pause_mode = pause_mode
+        self.retry_s = retry_s
+        self.newest: Record[WeightsPublished] | None = None
+        """The newest valid version seen on the topic: what the engine should serve."""
+        self._lock = asyncio.Lock()
+        self._reapply: asyncio.Task[None] | None = None
         self.consumer = self._follower(kafka)
 
     @staticmethod
@@ -61,31 +94,109 @@ class Reloader:
         )
 
     async def handle(self, batch: list[Record[WeightsPublished]]) -> None:
-        newest: Record[WeightsPublished] | None = None
         for rec in batch:
-            event = rec.event
-            if not inside(self.root, event.path):
+            if not inside(self.root, rec.event.path):
                 RELOADS.labels("refused").inc()
-                await self.consumer.dead_letter(rec, f"weights path {event.path} is outside {self.root}")
+                await self.consumer.dead_letter(rec, f"weights path {rec.event.path} is outside {self.root}")
                 continue
-            if newest is None or event.version > newest.event.version:
-                newest = rec
-        if newest is None or newest.event.version <= self.state.weight_version:
-            return
-        event = newest.event
-        try:
-            await self.engine.update_weights_from_disk(event.path, str(event.version))
-        except EngineError as exc:
-            RELOADS.labels("failed").inc()
-            log.error("engine refused a weight version", extra={"version": event.version, "error": str(exc)})
-            await self.consumer.dead_letter(newest, f"engine could not load version {event.version}: {exc}")
-            return
-        self.state.weight_version = event.version
-        VERSION.set(event.version)
-        RELOADS.labels("ok").inc()
-        log.info("engine serves a new weight version", extra={"version": event.version, "path": event.path})
+            if self.newest is None or rec.event.version > self.newest.event.version:
+                self.newest = rec
+        await self.apply()
+
+    def engine_changed(self, version: int) -> None:
+        """A probe saw the engine's version change: after a restart it serves the starting weights again."""
+        if self.newest is not None and version < self.newest.event.version:
+            log.warning(
+                "engine serves an older version than published (restarted?); applying the newest again",
+                extra={"engine_version": version, "newest": self.newest.event.version},
+            )
+            self._later(0.0)
+
+    def _later(self, delay_s: float) -> None:
+        if self._reapply is None or self._reapply.done():
+
+            async def again() -> None:
+                await asyncio.sleep(delay_s)
+                await self.apply()
+
+            self._reapply = asyncio.create_task(again())
+
+    async def _engine_version(self) -> int:
+        return version_number((await self.engine.model_info()).get("weight_version"))
+
+    async def apply(self) -> None:
+        """Bring the engine to the newest version, if it serves an older one."""
+        async with self._lock:
+            rec = self.newest
+            if rec is None:
+                return
+            event = rec.event
+            try:
+                serving = await self._engine_version()
+            except EngineError as exc:
+                log.warning("engine unreachable; version %s waits", event.version, extra={"error": str(exc)})
+                return  # the next probe that finds the engine (or the next version) tries again
+            if serving >= event.version:
+                self.versions.changed(serving)
+                return
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            paused = False
+            try:
+                await self.engine.pause_generation(self.pause_mode)
+                paused = True
+                if (serving := await self._engine_version()) >= event.version:  # another reloader got there
+                    self.versions.changed(serving)
+                    return
+                await self.engine.update_weights_from_disk(event.path, str(event.version))
+            except EngineError as exc:
+                # A failed answer can still mean loaded (SGLang answers 400 when only its cache flush failed).
+                loaded = False
+                try:
+                    loaded = await self._engine_version() == event.version
+                except EngineError:
+                    pass
+                if not loaded:
+                    RELOADS.labels("failed").inc()
+                    log.error(
+                        "engine could not load a weight version",
+                        extra={"version": event.version, "error": str(exc)},
+                    )
+                    if exc.status is not None and 400 <= exc.status < 500:  # refused: asking again won't help
+                        await self.consumer.dead_letter(
+                            rec, f"engine could not load version {event.version}: {exc}"
+                        )
+                        self.newest = None
+                    else:  # unreachable or timed out: try again shortly (the check above prevents a double load)
+                        self._later(self.retry_s)
+                    return
+            finally:
+                if paused:
+                    await self._continue()
+                RELOAD_SECONDS.observe(loop.time() - began)
+            self.versions.changed(event.version)
+            RELOADS.labels("ok").inc()
+            log.info(
+                "engine serves a new weight version", extra={"version": event.version, "path": event.path}
+            )
+
+    async def _continue(self) -> None:
+        """Until the engine takes it: a paused engine serves no one."""
+        delay = 0.2
+        while True:
+            try:
+                await self.engine.continue_generation()
+                return
+            except EngineError as exc:
+                log.error("could not continue generation; retrying", extra={"error": str(exc)})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def run(self) -> None:
+        try:  # an engine a crashed reloader left paused serves again
+            await self.engine.continue_generation()
+        except EngineError as exc:
+            log.info("engine not reachable yet", extra={"error": str(exc)})
         backoff = 0.5
         while True:  # Kafka may not be up yet: serving goes on, the reloader keeps trying
             try:

@@ -10,13 +10,56 @@ import msgspec
 from prometheus_client import Counter
 
 from schemas import FINISH_REASONS, Message, SamplingParams, Turn
+from services.engine_client import parse_chat_result
 
 RETOKENIZED = Counter(
     "turnstream_proxy_retokenized_total", "Turns whose token ids were re-tokenized (the engine returned none)"
 )
 DROPPED = Counter("turnstream_proxy_turns_dropped_total", "Main turns served but not recorded", ["reason"])
 
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty")
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+)
+
+
+RESCORED = Counter(
+    "turnstream_proxy_turns_rescored_total",
+    "Turns whose log-probs were re-scored by prefill: sampled from modified logits (grammar, bias, penalties)",
+    ["reason"],
+)
+
+
+def modified_logits(body: dict[str, Any]) -> str | None:
+    """Why the engine's sampled log-probs are not the raw model's for this request, or None.
+
+    SGLang computes a sampled token's log-prob after a grammar's mask, ``logit_bias``, penalties and a
+    ``min_tokens`` EOS mask are applied to the logits (measured: a forced tool call's tokens came back ~19 nats
+    above the raw model's). The trainer compares with the raw ``log_softmax(logits)``, so such a turn's log-probs
+    are re-scored by a prefill of the same ids on the same weights."""
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return "tool_choice"
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        return "response_format"
+    for name in ("regex", "ebnf", "json_schema", "structural_tag"):
+        if body.get(name):
+            return name
+    if body.get("logit_bias"):
+        return "logit_bias"
+    for name, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("repetition_penalty", 1)):
+        if body.get(name) not in (None, neutral):
+            return name
+    if body.get("min_tokens"):
+        return "min_tokens"
+    return None
 
 
 class UnrecordableTurn(Exception):
@@ -38,15 +81,19 @@ class Completion:
     logprobs: list[float] | None = None
     prompt_token_ids: list[int] | None = None
     finish_reason: str | None = None
-    weight_version: str | None = None
+    weight_version: int | None = None
+    """The oldest version that produced the response, when the engine said (non-streamed responses)."""
 
     def add_chunk(self, chunk: dict[str, Any]) -> None:
-        meta = chunk.get("metadata")
-        if meta and meta.get("weight_version") is not None:
-            self.weight_version = str(meta["weight_version"])
+        """One SGLang stream chunk. The exact ids come last, in the ``sglext`` chunk (``input_ids``, and
+        ``output_ids`` as one list per choice); log-probs ride on the content chunks."""
+        ext = chunk.get("sglext")
+        if ext:
+            if ext.get("input_ids") is not None:
+                self.prompt_token_ids = list(ext["input_ids"])
+            if ext.get("output_ids"):
+                self.token_ids = list(ext["output_ids"][0])
         for choice in chunk.get("choices") or ():
-            if (ids := choice.get("prompt_token_ids")) is not None:
-                self.prompt_token_ids = list(ids)
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 self.content.append(delta["content"])
@@ -63,13 +110,9 @@ class Completion:
                     slot["name"] = fn["name"]
                 if fn.get("arguments"):
                     slot["arguments"].append(fn["arguments"])
-            # Extended in place: a new list per chunk would copy the response so far once per token.
-            if (ids := choice.get("token_ids")) is not None:
-                if self.token_ids is None:
-                    self.token_ids = []
-                self.token_ids.extend(ids)
             lp = choice.get("logprobs")
             if lp and lp.get("content"):
+                # Extended in place: a new list per chunk would copy the response so far once per token.
                 if self.logprobs is None:
                     self.logprobs = []
                 self.logprobs.extend([float(c["logprob"]) for c in lp["content"]])
@@ -90,20 +133,12 @@ class Completion:
                 "name": fn.get("name", ""),
                 "arguments": [fn.get("arguments", "")],
             }
-        meta = choice.get("meta_info") or {}
-        out = meta.get("output_token_logprobs")
-        if choice.get("token_ids") is not None:
-            c.token_ids = list(choice["token_ids"])
-        elif out is not None:
-            c.token_ids = [int(e[1]) for e in out]
-        if out is not None:
-            c.logprobs = [float(e[0]) for e in out]
-        elif (choice.get("logprobs") or {}).get("content") is not None:
-            c.logprobs = [float(e["logprob"]) for e in choice["logprobs"]["content"]]
-        c.prompt_token_ids = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
+        parsed = parse_chat_result(data)
+        c.token_ids = parsed.token_ids
+        c.logprobs = parsed.logprobs
+        c.prompt_token_ids = parsed.prompt_token_ids
         c.finish_reason = choice.get("finish_reason")
-        version = (data.get("metadata") or {}).get("weight_version", meta.get("weight_version"))
-        c.weight_version = None if version is None else str(version)
+        c.weight_version = None if parsed.weight_version is None else int(parsed.weight_version)
         return c
 
     def message(self) -> Message:
@@ -128,13 +163,6 @@ class Completion:
         )
 
 
-def weight_version_number(version: str | None, fallback: int) -> int:
-    """Engines report versions as strings; turnstream numbers them. Non-numeric (SGLang's 'default') -> fallback."""
-    if version is not None and version.isdigit():
-        return int(version)
-    return fallback
-
-
 def build_turn(
     *,
     session_id: str,
@@ -147,7 +175,9 @@ def build_turn(
     fallback_version: int,
     retokenize: Any = None,
 ) -> Turn:
-    """The Turn for a served request. Raises UnrecordableTurn when the engine's data cannot be made exact."""
+    """The Turn for a served request. ``body`` is the request as sent to the engine (sampling pinned), and
+    ``fallback_version`` labels a response whose engine reported no version (a stream: see ServedVersions).
+    Raises UnrecordableTurn when the engine's data cannot be made exact."""
     token_ids, logprobs, prompt_ids = completion.token_ids, completion.logprobs, completion.prompt_token_ids
     source = "engine"
     if token_ids is None or prompt_ids is None:
@@ -183,7 +213,9 @@ def build_turn(
             response_token_ids=list(token_ids),
             response_logprobs=list(logprobs),
             finish_reason=finish,
-            weight_version=weight_version_number(completion.weight_version, fallback_version),
+            weight_version=(
+                completion.weight_version if completion.weight_version is not None else fallback_version
+            ),
             model=model,
             created_at=created_at,
             completed_at=max(time.time(), created_at),
@@ -194,6 +226,7 @@ def build_turn(
             ),
             session_done=session_done,
             token_source=source,
+            chat_template_kwargs=body.get("chat_template_kwargs") or None,
         )
     except (msgspec.ValidationError, ValueError) as exc:
         raise UnrecordableTurn("invalid_turn", str(exc)) from None

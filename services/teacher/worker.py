@@ -13,9 +13,11 @@ whole batch is retried from its offsets, so no accepted hint is lost to an outag
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -60,9 +62,14 @@ class Teacher:
         max_concurrency: int = 1,
         judge_ids: list[str] | None = None,
         deadline_s: float = 300.0,
+        vocab_size: int | None = None,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
+        self.vocab_size = vocab_size or len(tokenizer)
+        """Token ids at or above this are refused here: SGLang 0.5.23 does not check ``input_ids`` against the
+        vocabulary, and one out-of-range id kills its scheduler (IndexError in the embedding: the whole server
+        exits, measured). A Turn's ids are only checked to be non-negative by the contract."""
         self.producer = producer
         self.dead_letter = dead_letter
         self.model = model
@@ -103,6 +110,15 @@ class Teacher:
             return True
         assert j.hint is not None
         turn = j.paired.turn
+        if max(turn.response_token_ids) >= self.vocab_size:
+            FAILED.labels("outside_vocabulary").inc()
+            await self.dead_letter(
+                rec,
+                f"teacher: response token id {max(turn.response_token_ids)} is outside the vocabulary "
+                f"({self.vocab_size} ids): not sent, it would crash the engine",
+                "processing",
+            )
+            return True
         try:
             prompt_ids = await asyncio.to_thread(self.prompt_ids, j)
         except TemplateError as exc:
@@ -151,6 +167,16 @@ class Teacher:
         return render_prompt_ids(self.tokenizer, messages, turn.tools or None)
 
 
+def model_vocab_size(path: str) -> int | None:
+    """The embedding's rows (``vocab_size`` in the model's config.json, padding included), when readable."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(size) if isinstance(size, int) and size > 0 else None
+
+
 async def _teacher_identity(client: EngineClient, config: Config) -> tuple[str, str]:
     """(model name, tokenizer path): from the config, else from the teacher engine (waiting until it is up)."""
     tc = config.teacher
@@ -173,7 +199,7 @@ async def run_teacher(
     from transformers import AutoTokenizer
 
     tc = config.teacher
-    serve_metrics(config.metrics.port)
+    serve_metrics(config.metrics.port, config.metrics.host)
     client = EngineClient(tc.engine_url, api_key=tc.api_key, timeout_s=tc.deadline_s, retries=0)
     model, tokenizer_path = await _teacher_identity(client, config)
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, tokenizer_path)
@@ -192,6 +218,7 @@ async def run_teacher(
         max_concurrency=tc.max_concurrency,
         judge_ids=tc.judge_ids,
         deadline_s=tc.deadline_s,
+        vocab_size=model_vocab_size(tokenizer_path),
     )
     log.info("teacher running", extra={"model": model, "tokenizer": tokenizer_path, "top_k": tc.top_k})
     try:

@@ -201,7 +201,7 @@ async def run_trainer(
     root = Path(tc.output_dir) if tc.output_dir else cache_dir() / "weights"
     store = TrainerStore(root)
     if layout.rank == 0:
-        serve_metrics(config.metrics.port)
+        serve_metrics(config.metrics.port, config.metrics.host)
     policy = await asyncio.to_thread(Policy.from_hf, tc.hf_checkpoint, tc, layout)
     if layout.rank != 0:  # only rank 0 talks to Kafka; the others follow its commands
         await asyncio.to_thread(follow, policy, store)

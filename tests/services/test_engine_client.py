@@ -95,31 +95,31 @@ async def test_misaligned_scores_are_an_error_not_a_shift() -> None:
         await client.score([1, 2, 3], [4, 5, 6])
 
 
-def test_chat_results_parse_sglang_meta_info_and_vllm_token_ids() -> None:
-    sglang = {
+def test_chat_results_parse_sglangs_ids_and_label_a_straddling_response_with_its_oldest_version() -> None:
+    """SGLang 0.5.23's non-streamed shape: ids in ``prompt_token_ids``/``response_token_ids``, ``[logprob, id,
+    text]`` in ``meta_info``, and ``metadata.weight_versions`` spans when a reload landed mid-generation."""
+    data = {
         "choices": [
             {
                 "message": {"role": "assistant", "content": "hi"},
                 "finish_reason": "stop",
                 "prompt_token_ids": [1, 2],
-                "meta_info": {"output_token_logprobs": [[-0.1, 7, None], [-0.2, 8, None]]},
+                "response_token_ids": [7, 8],
+                "meta_info": {"output_token_logprobs": [[-0.1, 7, "h"], [-0.2, 8, "i"]]},
             }
         ],
-        "metadata": {"weight_version": "3"},
+        "metadata": {
+            "weight_version": "4",
+            "weight_versions": [
+                {"version": "3", "start": 0, "end": 1},
+                {"version": "4", "start": 1, "end": 2},
+            ],
+        },
     }
-    r = parse_chat_result(sglang)
-    assert r.token_ids == [7, 8] and r.logprobs == [-0.1, -0.2] and r.weight_version == "3"
-    vllm = {
-        "choices": [
-            {
-                "message": {"role": "assistant", "content": "hi"},
-                "finish_reason": "stop",
-                "token_ids": [7, 8],
-                "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]},
-            }
-        ],
-        "prompt_token_ids": [1, 2],
-    }
-    r = parse_chat_result(vllm)
+    r = parse_chat_result(data)
     assert r.token_ids == [7, 8] and r.logprobs == [-0.1, -0.2] and r.prompt_token_ids == [1, 2]
-    assert r.weight_version is None
+    assert r.weight_version == "3", "never labelled newer than its oldest token"
+    data["metadata"] = {"weight_version": "default"}
+    assert parse_chat_result(data).weight_version == "0", "SGLang's 'default' is the starting weights"
+    del data["metadata"]
+    assert parse_chat_result(data).weight_version is None

@@ -1,5 +1,6 @@
-"""The engine's log-probs are the model's: equal to a direct transformers forward pass, consistent between
-sampling and scoring, and shaped exactly as SGLang shapes them."""
+"""The real SGLang server's log-probs are the model's: equal to a direct transformers forward pass (what the
+trainer computes) and consistent between sampling and scoring. turnstream relies on all of it: the proxy records
+sampled log-probs as the PPO ratio's denominator and the teacher scores by prefill."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import httpx
 import pytest
 import torch
 
+from services.engine.launch import EngineProcess
 from services.engine_client import EngineClient
-from tests.services.engine.conftest import EngineProcess
 
 TEXT = "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Berlin is"
 
@@ -153,16 +154,3 @@ def test_greedy_generation_matches_transformers_generate(engine: EngineProcess, 
     with torch.inference_mode():
         ref = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, min_new_tokens=12)
     assert data["output_ids"] == ref[0, len(ids) :].tolist()
-
-
-def test_seeded_sampling_is_reproducible(engine: EngineProcess) -> None:
-    body = {
-        "text": "Once upon a time",
-        "sampling_params": {
-            "max_new_tokens": 16,
-            "temperature": 1.0,
-            "sampling_seed": 1234,
-            "ignore_eos": True,
-        },
-    }
-    assert generate(engine, body)["output_ids"] == generate(engine, body)["output_ids"]

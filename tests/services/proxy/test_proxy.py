@@ -1,5 +1,6 @@
-"""The proxy end to end: the official openai SDK through the proxy to the real CPU engine; recorded turns hold
-exactly what the engine produced."""
+"""The proxy end to end: the official openai SDK through the proxy to the real SGLang server; recorded turns
+hold exactly what the engine produced: its ids, its raw log-probs (equal to its own prefill scoring) and the
+sampling values it used."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ async def test_non_streaming_turn_records_the_engines_exact_tokens(
     resp = client.chat.completions.create(model="policy", messages=messages, max_tokens=12, temperature=0)
     assert resp.choices[0].message.content
     assert resp.choices[0].logprobs is None, "the client did not ask for log-probs, so it sees none"
-    assert "token_ids" not in (resp.choices[0].model_extra or {})
+    extra = resp.choices[0].model_extra or {}
+    assert not {"response_token_ids", "prompt_token_ids", "meta_info"} & extra.keys()
 
     (turn,) = await wait_for_turns(kafka, 1)
     assert turn.turn_id == "sess-a:1" and turn.session_id == "sess-a" and turn.turn_index == 1
@@ -65,6 +67,8 @@ async def test_non_streaming_turn_records_the_engines_exact_tokens(
     assert len(turn.response_token_ids) == resp.usage.completion_tokens == len(turn.response_logprobs)
     assert len(turn.prompt_token_ids) == resp.usage.prompt_tokens
     assert turn.token_source == "engine" and turn.weight_version == 0 and turn.sampling.temperature == 0
+    # SmolLM2's generation_config sets no sampling values: SGLang's defaults were used, and pinned on the request.
+    assert (turn.sampling.top_p, turn.sampling.top_k, turn.sampling.min_p) == (1.0, -1, 0.0)
     # The same request straight to the engine produces the same ids (greedy) ...
     async with httpx.AsyncClient(timeout=120) as http:
         direct = (
@@ -76,12 +80,11 @@ async def test_non_streaming_turn_records_the_engines_exact_tokens(
                     "temperature": 0,
                     "logprobs": True,
                     "return_token_ids": True,
-                    "return_prompt_token_ids": True,
                 },
             )
         ).json()["choices"][0]
     assert turn.prompt_token_ids == direct["prompt_token_ids"]
-    assert turn.response_token_ids == direct["token_ids"]
+    assert turn.response_token_ids == direct["response_token_ids"]
     # ... and the recorded log-probs are the model's for exactly those tokens, position by position.
     scored = await rescore(engine, turn.prompt_token_ids, turn.response_token_ids)
     assert max(abs(a - b) for a, b in zip(scored, turn.response_logprobs, strict=True)) < 1e-4
@@ -96,10 +99,10 @@ async def test_streaming_with_tools_records_what_was_streamed(
         messages=[{"role": "user", "content": "What's the weather in Oslo?"}],
         tools=TOOLS,
         max_tokens=24,
-        temperature=0,
+        temperature=0.6,
         stream=True,
         logprobs=True,
-        extra_headers={"X-Session-Id": "sess-s"},
+        extra_headers={"X-Session-Id": "sess-s", "X-Turn-Type": "main"},
         extra_body={"ignore_eos": True},
     )
     text, lps, chunks, arrivals = [], [], 0, []
@@ -119,6 +122,9 @@ async def test_streaming_with_tools_records_what_was_streamed(
     assert turn.session_id == "sess-s" and turn.tools == TOOLS
     assert turn.response.content == "".join(text)
     assert turn.response_logprobs == pytest.approx(lps) and len(turn.response_token_ids) == 24
+    # Sampled at temperature 0.6, recorded raw (T = 1): equal to the engine's own prefill scoring of the same ids
+    # (SGLANG_RETURN_ORIGINAL_LOGPROB=1; without it they are log_softmax(logits / 0.6) and this fails).
+    assert turn.sampling.temperature == 0.6
     scored = await rescore(engine, turn.prompt_token_ids, turn.response_token_ids)
     assert max(abs(a - b) for a, b in zip(scored, turn.response_logprobs, strict=True)) < 1e-4
 
@@ -126,8 +132,8 @@ async def test_streaming_with_tools_records_what_was_streamed(
 async def test_a_client_that_leaves_mid_stream_stops_the_engine_and_nothing_is_recorded(
     proxy: ProxyProcess, engine: EngineProcess, kafka: KafkaConfig
 ) -> None:
-    abandoned = "turnstream_engine_requests_abandoned_total"
-    before = scraped(engine.url, abandoned)
+    generated = "sglang:generation_tokens_total"
+    before = scraped(engine.url, generated)
     body = {
         "messages": [{"role": "user", "content": "Tell me a long story."}],
         "max_tokens": 400,
@@ -142,15 +148,56 @@ async def test_a_client_that_leaves_mid_stream_stops_the_engine_and_nothing_is_r
             events += line.startswith("data:")
             if events == 3:
                 break  # and the client closes its connection mid-stream
-    # The proxy closes its engine stream, and the engine stops generating (400 tokens would take ~25 s).
-    deadline = time.monotonic() + 10
-    while scraped(engine.url, abandoned) == before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert scraped(engine.url, abandoned) == before + 1
+    # The proxy closes its engine stream and SGLang aborts the request: its token count stops growing far short
+    # of the 400 tokens (~30 s of generation here) it would otherwise make.
+    settled, last = time.monotonic() + 20, -1.0
+    while time.monotonic() < settled:
+        time.sleep(2.0)
+        now = scraped(engine.url, generated)
+        if now == last:
+            break
+        last = now
+    assert last == scraped(engine.url, generated), "the engine stopped generating"
+    assert last - before < 200
     assert scraped(proxy.url, "turnstream_proxy_turns_dropped_total", reason="stream_incomplete") == 1
     assert_still_serving(proxy.url)
     (turn,) = await wait_for_turns(kafka, 1)  # the still-serving check's, under a generated session id
     assert turn.session_id != "leaver"
+
+
+async def test_a_forced_tool_call_streams_and_records_exact_ids(
+    proxy: ProxyProcess, engine: EngineProcess, kafka: KafkaConfig
+) -> None:
+    """SGLang constrains the output to a call of the named tool: the streamed call and its ids are recorded, and
+    since SGLang's log-probs of a constrained token are taken after the grammar's mask, the proxy re-scores them
+    (the raw model's, as the trainer computes them: counted)."""
+    stream = sdk(proxy).chat.completions.create(
+        model="policy",
+        messages=[{"role": "user", "content": "What's the weather in Oslo?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=40,
+        temperature=0.6,
+        stream=True,
+        extra_headers={"X-Session-Id": "sess-tool"},
+    )
+    names, arguments = [], []
+    for chunk in stream:
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or ():
+                if tc.function and tc.function.name:
+                    names.append(tc.function.name)
+                if tc.function and tc.function.arguments:
+                    arguments.append(tc.function.arguments)
+    assert names == ["get_weather"]
+    (turn,) = await wait_for_turns(kafka, 1)
+    assert turn.response.tool_calls is not None and len(turn.response.tool_calls) == 1
+    call = turn.response.tool_calls[0].function
+    assert (call.name, call.arguments) == ("get_weather", "".join(arguments))
+    assert turn.sampling.temperature == 0.6
+    scored = await rescore(engine, turn.prompt_token_ids, turn.response_token_ids)
+    assert max(abs(a - b) for a, b in zip(scored, turn.response_logprobs, strict=True)) < 1e-4
+    assert scraped(proxy.url, "turnstream_proxy_turns_rescored_total", reason="tool_choice") == 1
 
 
 async def test_side_turns_are_not_recorded_and_session_done_is(

@@ -1,21 +1,28 @@
-"""The reloader end to end: a published weight version reaches the engine; the next turn carries it and the new
-weights' log-probs; no request failed meanwhile; paths outside the weights root are refused."""
+"""The reloader on the real SGLang server: a published version reaches the engine while a long stream is in
+flight (pause with retract, load, continue: the stream completes, nothing is refused, and the load does not wait
+for the stream to end); the next turn carries the version and the new weights' log-probs; a version is loaded
+once; paths outside the weights root are refused; after an engine restart the newest version is applied again and
+every turn is labelled with the weights that produced it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from schemas import WeightsPublished
+from schemas import Turn, WeightsPublished
 from schemas.topics import DEADLETTER, WEIGHTS
 from services.bus import EventProducer, read_topic
 from services.config import KafkaConfig
 from services.engine.launch import EngineProcess
+from services.engine_client import EXACT_NON_STREAMED
+from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
 
 pytestmark = pytest.mark.integration
@@ -27,14 +34,45 @@ BODY = {
 }
 
 
-@pytest.fixture
-def own_engine(smollm2_path: Path) -> Iterator[EngineProcess]:
-    proc = EngineProcess(smollm2_path)
+@pytest.fixture(scope="module")
+def own_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """An SGLang server of this module's own: its weights change (the shared one's must not)."""
+    log = open(tmp_path_factory.mktemp("reload-engine") / "engine.log", "w")
+    proc = EngineProcess(smollm2_path, log=log)
     yield proc
     proc.stop()
+    log.close()
 
 
-async def test_published_weights_reach_the_engine_and_the_next_turn(
+async def publish(kafka: KafkaConfig, version: int, path: str) -> None:
+    async with EventProducer(kafka) as producer:
+        event = WeightsPublished(
+            version=version, path=path, base_model="smollm2", step=version, created_at=time.time()
+        )
+        await producer.send(WEIGHTS, event, "policy")
+
+
+async def engine_version(http: httpx.AsyncClient, url: str) -> str:
+    return str((await http.get(url + "/model_info")).json()["weight_version"])
+
+
+async def stream_chat(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], session: str, first: asyncio.Event | None = None
+) -> list[dict[str, Any]]:
+    chunks: list[dict[str, Any]] = []
+    async with http.stream(
+        "POST", url + "/v1/chat/completions", json={**body, "stream": True}, headers={"X-Session-Id": session}
+    ) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+                if first is not None and len(chunks) >= 3:
+                    first.set()
+    return chunks
+
+
+async def test_a_version_loads_during_a_stream_once_and_labels_every_turn(
     own_engine: EngineProcess, proxy_env: dict[str, str], kafka: KafkaConfig, perturbed_weights: Path
 ) -> None:
     proxy = ProxyProcess(
@@ -45,60 +83,114 @@ async def test_published_weights_reach_the_engine_and_the_next_turn(
         }
     )
     try:
-        async with httpx.AsyncClient(timeout=120) as http:
+        async with httpx.AsyncClient(timeout=300) as http:
             headers = {"X-Session-Id": "reload"}
-            assert (
-                await http.post(proxy.url + "/v1/chat/completions", json=BODY, headers=headers)
-            ).status_code == 200
+            first = await http.post(proxy.url + "/v1/chat/completions", json=BODY, headers=headers)
+            assert first.status_code == 200
+            # A long stream is generating when the version is published.
+            streaming = asyncio.Event()
+            long_body = {**BODY, "max_tokens": 200, "ignore_eos": True}
+            long = asyncio.create_task(stream_chat(http, proxy.url, long_body, "long", streaming))
+            await asyncio.wait_for(streaming.wait(), 120)
+            await publish(kafka, 1, str(perturbed_weights))
             statuses: list[int] = []
-            async with EventProducer(kafka) as producer:
-                await producer.send(
-                    WEIGHTS,
-                    WeightsPublished(
-                        version=1,
-                        path=str(perturbed_weights),
-                        base_model="smollm2",
-                        step=1,
-                        created_at=time.time(),
-                    ),
-                    "policy",
-                )
             deadline = time.monotonic() + 120
-            while (await http.get(own_engine.url + "/get_model_info")).json()["weight_version"] != "1":
+            while await engine_version(http, own_engine.url) != "1":
                 assert time.monotonic() < deadline, "the engine never loaded version 1"
                 r = await http.post(
-                    proxy.url + "/v1/chat/completions",
-                    headers={"X-Session-Id": "during"},
-                    json={**BODY, "max_tokens": 2},
+                    proxy.url + "/v1/chat/completions", headers={"X-Session-Id": "during"}, json=BODY
                 )
                 statuses.append(r.status_code)
+            assert not long.done(), "the load did not wait for the in-flight stream to finish"
+            chunks = await long
             assert statuses and set(statuses) == {200}, "no request failed during the reload"
-            assert (
-                await http.post(proxy.url + "/v1/chat/completions", json=BODY, headers=headers)
-            ).status_code == 200
+            assert chunks[-1]["choices"][0]["finish_reason"] == "length", "the paused stream completed"
+            second = await http.post(proxy.url + "/v1/chat/completions", json=BODY, headers=headers)
+            assert second.status_code == 200
 
-            # A version whose path is outside the weights root is refused and dead-lettered.
-            async with EventProducer(kafka) as producer:
-                await producer.send(
-                    WEIGHTS,
-                    WeightsPublished(
-                        version=2, path="/etc", base_model="smollm2", step=2, created_at=time.time()
-                    ),
-                    "policy",
-                )
+            # The same version again (another trainer replica, a replay) is not loaded twice; a path outside the
+            # weights root is refused and dead-lettered.
+            await publish(kafka, 1, str(perturbed_weights))
+            await publish(kafka, 2, "/etc")
             deadline = time.monotonic() + 60
             while not [r async for r in read_topic(kafka, DEADLETTER)]:
                 assert time.monotonic() < deadline, "the refused version was not dead-lettered"
                 await asyncio.sleep(0.3)
-            assert (await http.get(own_engine.url + "/get_model_info")).json()["weight_version"] == "1"
+            assert await engine_version(http, own_engine.url) == "1"
+            assert scraped(proxy.url, "turnstream_proxy_weight_reloads_total", status="ok") == 1
     finally:
         proxy.stop()
 
-    turns = {t.turn_id: t for t in await wait_for_turns(kafka, 2 + len(statuses))}
+    turns = {t.turn_id: t for t in await wait_for_turns(kafka, 3 + len(statuses))}
     before, after = turns["reload:1"], turns["reload:2"]
     assert before.weight_version == 0 and after.weight_version == 1
     assert before.prompt_token_ids == after.prompt_token_ids
     n = min(len(before.response_logprobs), len(after.response_logprobs))
     assert before.response_logprobs[:n] != after.response_logprobs[:n], "new weights, new log-probs"
+    # Begun on version 0 and finished on version 1: labelled with the older.
+    assert turns["long:1"].weight_version == 0 and len(turns["long:1"].response_token_ids) == 200
     letters = [r.event async for r in read_topic(kafka, DEADLETTER)]
     assert any("outside" in d.error for d in letters)
+
+
+async def test_after_an_engine_restart_the_newest_version_is_applied_again_and_labels_stay_true(
+    own_engine: EngineProcess,
+    engine: EngineProcess,
+    proxy_env: dict[str, str],
+    kafka: KafkaConfig,
+    perturbed_weights: Path,
+) -> None:
+    """Runs after the test above: the module's engine serves version 1. It is restarted (base weights, version
+    0); the proxy notices on a probe and has the reloader apply version 1 again. Turns served meanwhile, streamed
+    ones included (their chunks carry no version), are labelled with the weights that produced them."""
+    await publish(kafka, 1, str(perturbed_weights))
+    proxy = ProxyProcess(
+        {
+            **proxy_env,
+            "TURNSTREAM_ENGINE_URL": own_engine.url,
+            "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(perturbed_weights.parent),
+            "TURNSTREAM_PROXY_VERSION_PROBE_S": "5",
+        }
+    )
+    try:
+        async with httpx.AsyncClient(timeout=300) as http:
+            # What the starting weights answer (the shared engine never loads any): ids and log-probs.
+            base = (
+                await http.post(engine.url + "/v1/chat/completions", json={**BODY, **EXACT_NON_STREAMED})
+            ).json()["choices"][0]
+            reference = {
+                0: (base["response_token_ids"], [e[0] for e in base["meta_info"]["output_token_logprobs"]])
+            }
+            deadline = time.monotonic() + 120
+            while await engine_version(http, own_engine.url) != "1":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.5)
+            await stream_chat(http, proxy.url, BODY, "before-restart")
+            own_engine.restart()  # same port, starting weights
+            served = 0
+            deadline = time.monotonic() + 120
+            while True:  # streamed turns, one after another, until version 1 is back, and one more
+                await stream_chat(http, proxy.url, BODY, f"after-{served}")
+                served += 1
+                if await engine_version(http, own_engine.url) == "1":
+                    break
+                assert time.monotonic() < deadline, "version 1 was never applied again"
+            await stream_chat(http, proxy.url, BODY, f"after-{served}")
+            served += 1
+    finally:
+        proxy.stop()
+    turns = {t.turn_id: t for t in await wait_for_turns(kafka, 1 + served)}
+    ref1 = turns["before-restart:1"]
+    assert ref1.weight_version == 1
+    reference[1] = (ref1.response_token_ids, ref1.response_logprobs)
+    assert reference[0][0] != reference[1][0] or reference[0][1] != pytest.approx(reference[1][1], abs=1e-4)
+
+    def made_by(turn: Turn) -> int:
+        for version, (ids, lps) in reference.items():
+            if turn.response_token_ids == ids and turn.response_logprobs == pytest.approx(lps, abs=1e-4):
+                return version
+        raise AssertionError(f"{turn.turn_id} matches neither the starting weights nor version 1")
+
+    labels = [turns[f"after-{i}:1"].weight_version for i in range(served)]
+    assert labels == [made_by(turns[f"after-{i}:1"]) for i in range(served)], "every label is the truth"
+    assert labels[-1] == 1
