@@ -14,6 +14,7 @@ from schemas import DeadLetter, Judgment
 from schemas.topics import DEADLETTER, JUDGMENTS, TURNS_PAIRED
 from services.bus import EventProducer, read_topic
 from services.config import Config, KafkaConfig
+from services.engine.launch import EngineProcess
 from services.judge.worker import run_judge
 from services.launch import free_port
 from tests.services.judge.conftest import (
@@ -167,3 +168,28 @@ async def test_engine_outage_holds_judging_until_the_engine_is_back(
     assert keys(found) == want
     # Votes that failed as the engine came back may be recorded, but no judgment rests on outage alone.
     assert all(any(v.error is None for v in j.votes) for j in found)
+
+
+async def test_the_engine_backend_judges_through_the_real_sglang_server(
+    kafka: KafkaConfig, engine: EngineProcess
+) -> None:
+    """The judge's requests as SGLang 0.5.23 takes them: every vote is a 200 answer whose text was parsed (a
+    135M model rarely writes a valid \\boxed{} verdict: such a vote is recorded as unparseable, not as an engine
+    error), and every non-terminal turn gets its eval and hint judgment."""
+    pairs = make_pairs(2)
+    await publish(kafka, pairs)
+    want = expected_keys(pairs, ["sglang"])
+    config = judge_config(
+        kafka,
+        judge_id="sglang",
+        backend="engine",
+        engine_url=engine.url,
+        m=1,
+        max_tokens=48,
+        max_concurrency=4,
+    )
+    found = await run_until(config, lambda js: keys(js) >= want, timeout=240)
+    assert keys(found) == want
+    for j in found:
+        for v in j.votes:
+            assert v.error is None and v.raw, f"SGLang refused or failed a vote: {v.error}"

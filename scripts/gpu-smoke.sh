@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The GPU smoke test: on a host with Docker, the NVIDIA container toolkit and one GPU, bring up Kafka, Redis,
+# SGLang (compose.yaml's pinned image) with a small model, the proxy, and one trainer step, and check
+#   1. a streamed and a non-streamed main turn are recorded with SGLang's exact ids;
+#   2. their recorded log-probs equal SGLang's prefill scoring of the same ids (float32, so to ~1e-5);
+#   3. one Megatron-core training step runs on the GPU and publishes weight version 1;
+#   4. the proxy's reloader has SGLang load it, and the next turn carries version 1.
+# It prints PASS/FAIL per check, the time taken, and exits non-zero on any failure. Under 10 minutes once the
+# images are pulled and built. Everything it started is removed at the end (SMOKE_KEEP=1 keeps it).
+#
+#   bash scripts/gpu-smoke.sh                      # SmolLM2-135M, converted by `turnstream models fetch`
+#   SMOKE_MODEL=/data/models/Qwen3-0.6B bash scripts/gpu-smoke.sh   # any HF folder (llama/qwen2/qwen3)
+#   SMOKE_GPU=1 bash scripts/gpu-smoke.sh          # which GPU (default 0): SGLang and the trainer share it
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+started=$(date +%s)
+
+command -v docker >/dev/null || die "docker is required"
+docker info >/dev/null 2>&1 || die "no Docker daemon answers"
+docker compose version >/dev/null 2>&1 || die "the docker compose plugin is required"
+
+models="$(mktemp -d "${TMPDIR:-/tmp}/turnstream-smoke.XXXX")"
+if [[ -n "${SMOKE_MODEL:-}" ]]; then
+    cp -r "$SMOKE_MODEL" "$models/smoke"
+else
+    bash scripts/setup-venv.sh
+    cp -r "$(.venv/bin/turnstream models fetch smollm2 | tail -1)" "$models/smoke"
+fi
+
+project="turnstream-smoke-$$"
+export COMPOSE_PROJECT_NAME="$project" MODELS_DIR="$models" POLICY_MODEL=/models/smoke
+export POLICY_GPUS="${SMOKE_GPU:-0}" TRAINER_GPUS="${SMOKE_GPU:-0}" POLICY_MEM_FRACTION=0.3
+export POLICY_SGLANG_ARGS="--dtype float32 --max-total-tokens 16384" REASONING_PARSER="${SMOKE_REASONING_PARSER:-qwen3}"
+export TURNSTREAM_NAMESPACE="smoke-$$." ROLLOUT_BATCH_SIZE=2 PROXY_PORT="${SMOKE_PROXY_PORT:-18000}"
+compose() { docker compose -f compose.yaml "$@"; }
+cleanup() {
+    if [[ -z "${SMOKE_KEEP:-}" ]]; then
+        compose down -v --remove-orphans >/dev/null 2>&1 || true
+        rm -rf "$models"
+    else
+        log "kept: COMPOSE_PROJECT_NAME=$project MODELS_DIR=$models"
+    fi
+}
+trap cleanup EXIT
+check() { compose run --rm --no-deps -v "$REPO_ROOT/scripts/gpu:/smoke:ro" --entrypoint python pairer /smoke/smoke_check.py "$@"; }
+
+log "building the turnstream image and starting Kafka, Redis, SGLang and the proxy"
+compose build proxy
+compose up -d --wait kafka redis
+compose up -d topics sglang-policy proxy
+wait_for 900 curl -fsS "http://127.0.0.1:$PROXY_PORT/healthz" || { compose logs --tail 80 sglang-policy proxy; die "the proxy never became healthy"; }
+log "up after $(( $(date +%s) - started )) s"
+
+rc=0
+check turns || rc=1
+if [[ $rc -eq 0 ]]; then
+    log "one trainer step on the GPU"
+    step_started=$(date +%s)
+    compose run --rm --no-deps trainer trainer --hf-checkpoint /models/smoke --max-steps 1 || rc=1
+    log "trainer step (start-up included): $(( $(date +%s) - step_started )) s"
+    [[ $rc -eq 0 ]] && { check served 1 || rc=1; }
+fi
+[[ $rc -eq 0 ]] || compose logs --tail 60 sglang-policy proxy
+log "$([[ $rc -eq 0 ]] && echo PASSED || echo FAILED) in $(( $(date +%s) - started )) s"
+exit $rc
