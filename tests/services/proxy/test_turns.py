@@ -45,7 +45,7 @@ def test_engine_data_is_recorded_as_given() -> None:
         logprobs=[-0.1, -0.2],
         prompt_token_ids=[1, 2, 3],
         finish_reason="stop",
-        weight_version="7",
+        weight_version=7,
     )
     t = turn_from(c)
     assert (t.turn_id, t.response_token_ids, t.response_logprobs, t.prompt_token_ids) == (
@@ -58,11 +58,42 @@ def test_engine_data_is_recorded_as_given() -> None:
     assert t.sampling.temperature == 0.5 and t.sampling.max_tokens == 8 and t.sampling.stop == ["\n"]
 
 
-def test_non_numeric_engine_versions_fall_back_to_the_reloaders() -> None:
-    c = Completion(
-        content=["x"], token_ids=[1], logprobs=[-0.1], prompt_token_ids=[1], weight_version="default"
-    )
-    assert turn_from(c).weight_version == 4
+def test_a_response_without_a_version_gets_the_callers_label_and_sglangs_default_is_version_0() -> None:
+    c = Completion(content=["x"], token_ids=[1], logprobs=[-0.1], prompt_token_ids=[1])
+    assert turn_from(c).weight_version == 4, "a stream: labelled from the served-version history"
+    data = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "x"},
+                "finish_reason": "stop",
+                "prompt_token_ids": [1],
+                "response_token_ids": [5],
+                "meta_info": {"output_token_logprobs": [[-0.1, 5, "x"]]},
+            }
+        ],
+        "metadata": {"weight_version": "default"},
+    }
+    assert turn_from(Completion.from_response(data)).weight_version == 0
+
+
+def test_a_stream_is_collected_from_sglangs_chunks_with_the_ids_from_the_sglext_chunk() -> None:
+    """SGLang 0.5.23's streamed shape: log-probs per chunk (the EOS's on a chunk without text), no ids until the
+    last chunk before [DONE]."""
+    c = Completion()
+    lp = lambda x: {"content": [{"token": "t", "bytes": [116], "logprob": x, "top_logprobs": []}]}  # noqa: E731
+    for chunk in (
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}]},
+        {"choices": [{"index": 0, "delta": {"content": "Ap"}, "logprobs": lp(-0.1)}]},
+        {"choices": [{"index": 0, "delta": {"content": "ple"}, "logprobs": lp(-0.2)}]},
+        {"choices": [{"index": 0, "delta": {"reasoning_content": None}, "logprobs": lp(-0.3)}]},
+        {"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]},
+        {"choices": [], "usage": None, "sglext": {"input_ids": [1, 2, 3], "output_ids": [[10, 11, 2]]}},
+    ):
+        c.add_chunk(chunk)
+    t = turn_from(c)
+    assert t.prompt_token_ids == [1, 2, 3] and t.response_token_ids == [10, 11, 2]
+    assert t.response_logprobs == [-0.1, -0.2, -0.3] and t.response.content == "Apple"
+    assert t.finish_reason == "stop" and t.weight_version == 4
 
 
 def test_missing_ids_are_retokenized_and_counted(smollm2_path: Path) -> None:
