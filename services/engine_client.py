@@ -246,8 +246,11 @@ class EngineClient:
     # info ------------------------------------------------------------------------------------------------
 
     async def health(self) -> bool:
+        """The engine answers. ``/model_info``, not SGLang's ``/health``: that one generates a token per call
+        (waiting up to 20 s, and blocked while generation is paused for a reload), far too heavy for a proxy
+        health check polled every few hundred milliseconds at start-up; SGLang's own health check is compose's."""
         try:
-            await self._request("GET", "/health", idempotent=True)
+            await self._request("GET", "/model_info", idempotent=True)
             return True
         except EngineError:
             return False

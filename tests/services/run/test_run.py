@@ -1,4 +1,4 @@
-"""``turnstream run`` for real: every service starts (two CPU engines, proxy, pairer, judge, teacher, dispatcher,
+"""``turnstream run`` for real: every service starts (two SGLang servers, proxy, pairer, judge, teacher, dispatcher,
 trainer), turns sent through the proxy show up in the live progress, and SIGTERM stops every process cleanly."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from services.config import KafkaConfig, RedisConfig, load_config
 from services.launch import free_port, free_port_block
 from services.run.plan import plan
 
-pytestmark = pytest.mark.integration
+# Two SGLang servers start in each run: 2-3 minutes of the two cores before the first turn.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 ROOT = Path(__file__).resolve().parents[3]
 
 
