@@ -243,12 +243,14 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
 
     async def _shutdown() -> None:
         if state is not None:
+            # Turns still being labelled or re-scored first: a streamed turn's label waits for the next version
+            # probe, which must still be running.
+            if state.tasks:
+                await asyncio.gather(*state.tasks, return_exceptions=True)
             # The reloader follows without a consumer group: nothing to commit, so it is cancelled, not awaited.
             for task in state.background:
                 task.cancel()
             await asyncio.gather(*state.background, return_exceptions=True)
-            if state.tasks:
-                await asyncio.gather(*state.tasks, return_exceptions=True)
             await state.recorder.stop()
             await state.turn_numbers.aclose()
             await close_engine_pool()
