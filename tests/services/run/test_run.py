@@ -91,47 +91,6 @@ def start_run(
         )
 
 
-def test_run_starts_the_pipeline_shows_progress_and_a_sigkill_leaves_no_process_behind(
-    kafka: KafkaConfig, redis_config: RedisConfig, smollm2_path: Path, tmp_path: Path
-) -> None:
-    """SIGKILL of ``turnstream run`` itself: the kernel sends each service SIGTERM (parent-death signal), so
-    none is orphaned. (A clean SIGTERM stop, exit code 0, ends the learning test below: each run starts two
-    SGLang servers, minutes on two cores, so the two stops share the runs.)"""
-    run_dir = tmp_path / "run"
-    proxy_port = free_port()
-    proc = start_run(kafka, redis_config, smollm2_path, tmp_path, run_dir, proxy_port)
-    try:
-        wait_status(run_dir, proc, lambda s: s["down"] == [], timeout=400)
-        children = psutil.Process(proc.pid).children(recursive=True)
-        assert len(children) >= 8  # the eight services (torch may add helpers)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key="unused")
-        for question in ("What is 2+2?", "And 3+3?", "Thanks!"):
-            client.chat.completions.create(
-                model="policy",
-                messages=[{"role": "user", "content": question}],
-                max_tokens=8,
-                extra_headers={"X-Session-Id": "run-test"},
-            )
-        status = wait_status(run_dir, proc, lambda s: s["turns"] >= 3 and s["paired"] >= 2, timeout=120)
-        assert status["judgments"] >= 1 or status["paired"] >= 2
-        assert "turns 3" in (run_dir / "run.out").read_text()  # the live line, written for a non-terminal
-        proc.kill()
-        proc.wait()
-        deadline = time.monotonic() + 60
-        while True:
-            alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-            if not alive or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert alive == [], f"orphaned: {alive}"
-        names = [s.name for s in plan(load_config(env={}), str(smollm2_path))]
-        assert all((run_dir / f"{name}.log").exists() for name in names)  # one log per service
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 def seen_versions(observations: Path) -> list[int]:
     try:
         lines = observations.read_text().splitlines()
@@ -140,27 +99,50 @@ def seen_versions(observations: Path) -> list[int]:
     return [json.loads(line)["weight_version"] for line in lines if line.endswith("}")]
 
 
-async def test_simulated_users_see_the_policy_learn_new_versions(
+async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     kafka: KafkaConfig, redis_config: RedisConfig, smollm2_path: Path, tmp_path: Path
 ) -> None:
-    """The short CI version of the learning run: ``turnstream run --simulate 2`` with batches of 4 samples. At
-    least two weight versions are published and loaded by the policy engine, and later turns carry the newer
-    version, in what the simulated users saw and in the recorded turns."""
+    """``make run``'s job in short: ``turnstream run --simulate 2`` with batches of 4 samples. Every service
+    starts; turns sent through the proxy show in the live progress; at least two weight versions are published
+    and loaded by SGLang, and later turns carry the newer version, in what the simulated users saw and in the
+    recorded turns; SIGTERM stops it all cleanly (exit code 0, no process left). One run does all of it: each
+    starts two SGLang servers, minutes on two cores. (A SIGKILL of the run leaving no orphan: test_launch.py.)"""
     run_dir = tmp_path / "run"
+    proxy_port = free_port()
     proc = start_run(
-        kafka, redis_config, smollm2_path, tmp_path, run_dir, free_port(), "--simulate", "2",
+        kafka, redis_config, smollm2_path, tmp_path, run_dir, proxy_port, "--simulate", "2",
         TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE="4",
     )  # fmt: skip
     try:
-        wait_status(run_dir, proc, lambda s: s["serving_version"] >= 2, timeout=900)
+        wait_status(run_dir, proc, lambda s: s["down"] == [], timeout=600)
         children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 9  # the nine services (SGLang and torch add helpers)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key="unused")
+        for question in ("What is 2+2?", "And 3+3?", "Thanks!"):
+            client.chat.completions.create(
+                model="policy",
+                messages=[{"role": "user", "content": question}],
+                max_tokens=8,
+                extra_headers={"X-Session-Id": "run-test"},
+            )
+        wait_status(run_dir, proc, lambda s: s["turns"] >= 3 and s["paired"] >= 2, timeout=120)
+        assert "turns " in (run_dir / "run.out").read_text()  # the live line, written for a non-terminal
+        wait_status(run_dir, proc, lambda s: s["serving_version"] >= 2, timeout=900)
         # Requests in flight while the engine loaded v2 were still answered by v1: wait until a simulated user
         # has seen v2 (observations are rewritten every 30 s).
         observations = run_dir / "simulation" / "observations.jsonl"
         wait_status(run_dir, proc, lambda s: max(seen_versions(observations), default=0) >= 2, timeout=300)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, "a clean stop"
-        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        deadline = time.monotonic() + 60
+        while True:
+            alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert alive == [], f"left behind: {alive}"
+        names = [s.name for s in plan(load_config(env={}), str(smollm2_path))]
+        assert all((run_dir / f"{name}.log").exists() for name in names)  # one log per service
     finally:
         if proc.poll() is None:
             proc.kill()
