@@ -1,7 +1,7 @@
 """What the proxy adds, measured side by side against going straight to the engine, in one run. Prints JSON.
 
     .venv/bin/python bench/proxy.py [--requests 600] [--latency-ms 20] [--tokens 60]
-    .venv/bin/python bench/proxy.py --engine sglang [--engine-url URL] [--requests 40] [--max-tokens 32]
+    .venv/bin/python bench/proxy.py --engine sglang [--engine-url URL] [--requests 64] [--max-tokens 8]
 
 The proxy runs as ``turnstream proxy`` with Kafka publishing on (Kafka and Redis from scripts/ unless
 TURNSTREAM_KAFKA_BOOTSTRAP / TURNSTREAM_REDIS_URL are set). At the end every recorded turn must have reached
@@ -14,16 +14,22 @@ requests/s direct vs through the proxy; time to first streamed chunk; the proxy'
 
 ``--engine sglang``: the real SGLang 0.5.23 server (started here with ``EngineProcess``, SmolLM2-135M-Instruct,
 70-100 s of start-up on the CPU, its log in a temporary file; or the one at ``--engine-url``). For concurrency 1
-and 8, non-streamed and streamed, the same greedy request (short prompt, ``max_tokens`` 32, ``temperature`` 0,
-``ignore_eos``, every sampling value the proxy would pin given explicitly) goes straight to SGLang and through
-the proxy, interleaved in rounds of C requests at once (direct, proxy, direct, proxy ...) so that the drift of a
-noisy machine falls on both sides alike. The direct requests ask SGLang for the ids and log-probs the proxy asks
-for on its own account (``EXACT_NON_STREAMED`` / ``EXACT_STREAMED``), so the engine does the same work both ways.
-Per cell: latency p50 direct vs proxy and the added p50 (also the median over rounds of the proxy's round median
-minus the direct one's, less sensitive to drift), time to the first streamed chunk with content, requests/s
-ratio, the proxy's CPU seconds per 1,000 requests (during its own rounds; its CPU between them, where it only
-idles and publishes, as ms per second), and the goals: added p50 <= 2 ms, first streamed chunk within 5 ms of
-direct. SGLang on a CPU makes ~12-15 tokens/s per request: keep ``--requests`` (per cell and side) modest.
+and 8, non-streamed and streamed, the same greedy request (short prompt, ``max_tokens`` 8, ``temperature`` 0,
+``ignore_eos``, every sampling value the proxy would pin given explicitly) goes straight to SGLang, through a bare
+TCP relay (bench/tcp_relay.py: the cheapest extra process on the path) and through the proxy, in rounds of C
+requests at once whose order rotates every round, so that the drift of a noisy machine falls on every side alike.
+The direct and relayed requests ask SGLang for the ids and log-probs the proxy asks for on its own account
+(``EXACT_NON_STREAMED`` / ``EXACT_STREAMED``), so the engine does the same work every way. Per cell: latency p50
+of each side and what the proxy adds to direct (also the median over rounds of the round medians' difference,
+less sensitive to drift), what the relay adds, the proxy against the relay, and for non-streamed requests the
+proxy's own time (the client's latency less the engine time in the proxy's ``Server-Timing`` header); time to the
+first streamed chunk with content; requests/s ratio; the proxy's CPU seconds per 1,000 requests (during its own
+rounds; during the others, where it only idles and publishes, as ms per second); the goals: added p50 <= 2 ms,
+first streamed chunk within 5 ms of direct. Why 8 tokens: the engine's run-to-run variance grows with the
+tokens it decodes, while the proxy's work on a non-streamed answer does not (a streamed one costs it about 0.2 ms
+of CPU per event, not measurable in the latency even at 128 tokens); at 32 tokens on this machine the relay,
+which by construction adds nothing, measured anywhere from -8 to +32 ms, more than the goal. ``--max-tokens 32``
+or 128 shows the same picture with wider noise (README).
 """
 
 from __future__ import annotations
@@ -268,6 +274,7 @@ def run_stub(args: argparse.Namespace) -> None:
 
 ADDED_P50_GOAL_MS = 2.0
 FIRST_CHUNK_GOAL_MS = 5.0
+SIDES = ("direct", "relay", "proxy")
 
 
 @dataclass
@@ -278,6 +285,8 @@ class Shot:
     first: float | None
     """Seconds to the first ``data:`` event with content (streamed requests)."""
     text: str
+    engine: float | None = None
+    """The engine's time as the proxy measured it (its ``Server-Timing`` header; non-streamed proxied requests)."""
 
 
 def _has_content(line: str) -> bool:
@@ -296,6 +305,13 @@ def _stream_text(lines: list[str]) -> str:
             for c in json.loads(payload).get("choices") or ():
                 parts.append((c.get("delta") or {}).get("content") or "")
     return "".join(parts)
+
+
+def _server_timing(headers: httpx.Headers) -> float | None:
+    value = headers.get("server-timing")
+    if value is None or ";dur=" not in value:
+        return None
+    return float(value.partition(";dur=")[2]) / 1000
 
 
 async def shot(
@@ -326,7 +342,7 @@ async def shot(
     tokens = data["usage"]["completion_tokens"]
     if tokens != max_tokens:
         raise RuntimeError(f"{url}: {tokens} tokens generated, {max_tokens} asked (ignore_eos)")
-    return Shot(latency, None, data["choices"][0]["message"]["content"])
+    return Shot(latency, None, data["choices"][0]["message"]["content"], _server_timing(r.headers))
 
 
 @dataclass
@@ -335,8 +351,8 @@ class Side:
     round_medians: list[float] = field(default_factory=list)
     round_first_medians: list[float] = field(default_factory=list)
     wall: float = 0.0
-    proxy_cpu: float = 0.0
-    """The proxy's CPU seconds during this side's rounds."""
+    cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of each measured process (the proxy, the relay) during this side's rounds."""
 
     def summary(self) -> dict[str, float]:
         out = {
@@ -346,30 +362,34 @@ class Side:
         firsts = [s.first for s in self.shots if s.first is not None]
         if firsts:
             out["first_chunk_p50_ms"] = 1000 * statistics.median(firsts)
+        own = [s.latency - s.engine for s in self.shots if s.engine is not None]
+        if own:
+            out["beyond_engine_p50_ms"] = 1000 * statistics.median(own)
         return out
 
 
 async def sglang_cell(
-    direct_url: str,
-    proxy_url: str,
+    urls: dict[str, str],
     body: dict[str, Any],
     concurrency: int,
     requests: int,
-    proxy_pid: int,
+    pids: dict[str, int],
     tag: str,
-) -> tuple[Side, Side]:
-    """``requests`` (rounded up to whole rounds) per side, in rounds of ``concurrency`` at once, direct and
-    through the proxy alternately. The direct body asks SGLang for what the proxy adds to a main turn."""
+) -> dict[str, Side]:
+    """``requests`` (rounded up to whole rounds) per side, in rounds of ``concurrency`` at once: straight to the
+    engine, through the TCP relay, through the proxy, the order rotating every round so that no side always
+    follows another (the proxy publishes the turns of its round during the next one). The direct and relayed
+    bodies ask SGLang for what the proxy adds to a main turn."""
     exact = EXACT_STREAMED if body.get("stream") else EXACT_NON_STREAMED
-    bodies = {"direct": {**body, **exact}, "proxy": body}
-    urls = {"direct": direct_url, "proxy": proxy_url}
-    sides = {"direct": Side(), "proxy": Side()}
+    bodies = {"direct": {**body, **exact}, "relay": {**body, **exact}, "proxy": body}
+    sides = {name: Side() for name in SIDES}
     # One client (one connection) per request in flight, on each side.
     clients = {side: [httpx.AsyncClient(timeout=600) for _ in range(concurrency)] for side in sides}
     try:
         for r in range(math.ceil(requests / concurrency)):
-            for name, side in sides.items():
-                cpu0 = cpu_seconds(proxy_pid)
+            for name in SIDES[r % 3 :] + SIDES[: r % 3]:
+                side = sides[name]
+                cpu0 = {proc: cpu_seconds(pid) for proc, pid in pids.items()}
                 t0 = time.perf_counter()
                 shots = await asyncio.gather(
                     *(
@@ -384,7 +404,8 @@ async def sglang_cell(
                     )
                 )
                 side.wall += time.perf_counter() - t0
-                side.proxy_cpu += cpu_seconds(proxy_pid) - cpu0
+                for proc, pid in pids.items():
+                    side.cpu[proc] = side.cpu.get(proc, 0.0) + cpu_seconds(pid) - cpu0[proc]
                 side.shots += shots
                 side.round_medians.append(statistics.median(s.latency for s in shots))
                 firsts = [s.first for s in shots if s.first is not None]
@@ -394,7 +415,7 @@ async def sglang_cell(
         for cs in clients.values():
             for c in cs:
                 await c.aclose()
-    return sides["direct"], sides["proxy"]
+    return sides
 
 
 def paired_ms(proxy: list[float], direct: list[float]) -> float:
@@ -402,13 +423,66 @@ def paired_ms(proxy: list[float], direct: list[float]) -> float:
     return 1000 * statistics.median(p - d for p, d in zip(proxy, direct, strict=True))
 
 
+def sglang_figures(sides: dict[str, Side], stream: bool) -> dict[str, Any]:
+    """One cell's figures: each side's, then what the relay and the proxy add to going direct (p50 difference,
+    and the median over rounds of the round medians' difference), and the proxy against the relay."""
+    direct, relay, via = sides["direct"], sides["relay"], sides["proxy"]
+    d, r, p = direct.summary(), relay.summary(), via.summary()
+    cell: dict[str, Any] = {
+        "requests_per_side": len(via.shots),
+        **{
+            name: {k: round(v, 3) for k, v in fig.items()}
+            for name, fig in (("direct", d), ("relay", r), ("proxy", p))
+        },
+        "added_p50_ms": round(p["p50_ms"] - d["p50_ms"], 2),
+        "added_paired_median_ms": round(paired_ms(via.round_medians, direct.round_medians), 2),
+        "relay_added_p50_ms": round(r["p50_ms"] - d["p50_ms"], 2),
+        "relay_added_paired_median_ms": round(paired_ms(relay.round_medians, direct.round_medians), 2),
+        "proxy_minus_relay_p50_ms": round(p["p50_ms"] - r["p50_ms"], 2),
+    }
+    if "beyond_engine_p50_ms" in p:
+        cell["proxy_beyond_engine_p50_ms"] = round(p["beyond_engine_p50_ms"], 2)
+    if stream:
+        cell["added_first_chunk_ms"] = round(p["first_chunk_p50_ms"] - d["first_chunk_p50_ms"], 2)
+        cell["added_first_chunk_paired_median_ms"] = round(
+            paired_ms(via.round_first_medians, direct.round_first_medians), 2
+        )
+        cell["relay_added_first_chunk_ms"] = round(r["first_chunk_p50_ms"] - d["first_chunk_p50_ms"], 2)
+    cell |= {
+        "throughput_ratio": round(p["rps"] / d["rps"], 3),
+        "proxy_cpu_s_per_1000": round(1000 * via.cpu["proxy"] / len(via.shots), 3),
+        "relay_cpu_s_per_1000": round(1000 * relay.cpu["relay"] / len(relay.shots), 3),
+        "proxy_cpu_other_rounds_ms_per_s": round(
+            1000 * (direct.cpu["proxy"] + relay.cpu["proxy"]) / (direct.wall + relay.wall), 2
+        ),
+    }
+    goals = {f"added_p50_ms<={ADDED_P50_GOAL_MS:g}": cell["added_p50_ms"] <= ADDED_P50_GOAL_MS}
+    if stream:
+        goals[f"added_first_chunk_ms<={FIRST_CHUNK_GOAL_MS:g}"] = (
+            cell["added_first_chunk_ms"] <= FIRST_CHUNK_GOAL_MS
+        )
+    cell["goals"] = goals
+    return cell
+
+
+def start_relay(engine_url: str) -> tuple[subprocess.Popen[bytes], int]:
+    """bench/tcp_relay.py in front of the engine: its process and port."""
+    target = httpx.URL(engine_url)
+    port = free_port()
+    relay = subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / "tcp_relay.py"), str(port), target.host, str(target.port)]
+    )
+    return relay, port
+
+
 def run_sglang(args: argparse.Namespace) -> None:
-    requests = args.requests if args.requests is not None else 40
+    requests = args.requests if args.requests is not None else 64
     levels = [int(x) for x in (args.levels or "1,8").split(",")]
     started: Started = []
     engine: EngineProcess | None = None
     engine_log = None
     proxy: subprocess.Popen[bytes] | None = None
+    relay: subprocess.Popen[bytes] | None = None
     cells: dict[str, dict[str, Any]] = {}
     results: dict[str, Any] = {}
     try:
@@ -427,9 +501,15 @@ def run_sglang(args: argparse.Namespace) -> None:
         model = httpx.get(engine_url + "/v1/models", timeout=30).json()["data"][0]["id"]
         bootstrap, redis_url, namespace, kafka = bench_kafka(started)
         proxy, proxy_port = start_proxy(engine_url, bootstrap, redis_url, namespace)
+        relay, relay_port = start_relay(engine_url)
         wait_http(f"http://127.0.0.1:{proxy_port}/metrics")
-        direct_url = engine_url + "/v1/chat/completions"
-        proxy_url = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+        wait_http(f"http://127.0.0.1:{relay_port}/v1/models")
+        pids = {"proxy": proxy.pid, "relay": relay.pid}
+        urls = {
+            "direct": engine_url + "/v1/chat/completions",
+            "relay": f"http://127.0.0.1:{relay_port}/v1/chat/completions",
+            "proxy": f"http://127.0.0.1:{proxy_port}/v1/chat/completions",
+        }
         # Every sampling value the proxy would pin on a main turn is given, greedy: it adds only the ids and
         # log-probs, which the direct requests ask for too; both sides generate the same tokens.
         body: dict[str, Any] = {
@@ -443,57 +523,26 @@ def run_sglang(args: argparse.Namespace) -> None:
         sent_main = 0
         texts: set[str] = set()
         for stream in (False, True):  # warm-up: connections, the prompt's prefix cache, first-use paths
-            direct, via = asyncio.run(
-                sglang_cell(
-                    direct_url, proxy_url, {**body, "stream": stream}, 1, 1, proxy.pid, f"warm{stream:d}"
-                )
-            )
-            sent_main += len(via.shots)
+            sides = asyncio.run(sglang_cell(urls, {**body, "stream": stream}, 1, 3, pids, f"warm{stream:d}"))
+            sent_main += len(sides["proxy"].shots)
         for c in levels:
             for stream in (False, True):
                 name = f"c{c}/{'streamed' if stream else 'non_streamed'}"
                 tag = f"c{c}{'s' if stream else 'n'}"
-                direct, via = asyncio.run(
-                    sglang_cell(
-                        direct_url, proxy_url, {**body, "stream": stream}, c, requests, proxy.pid, tag
-                    )
-                )
-                sent_main += len(via.shots)
-                texts |= {s.text for s in direct.shots + via.shots}
-                d, p = direct.summary(), via.summary()
-                cell: dict[str, Any] = {
-                    "requests_per_side": len(via.shots),
-                    "direct": {k: round(v, 3) for k, v in d.items()},
-                    "proxy": {k: round(v, 3) for k, v in p.items()},
-                    "added_p50_ms": round(p["p50_ms"] - d["p50_ms"], 2),
-                    "added_paired_median_ms": round(paired_ms(via.round_medians, direct.round_medians), 2),
-                }
-                if stream:
-                    cell["added_first_chunk_ms"] = round(p["first_chunk_p50_ms"] - d["first_chunk_p50_ms"], 2)
-                    cell["added_first_chunk_paired_median_ms"] = round(
-                        paired_ms(via.round_first_medians, direct.round_first_medians), 2
-                    )
-                cell |= {
-                    "throughput_ratio": round(p["rps"] / d["rps"], 3),
-                    "proxy_cpu_s_per_1000": round(1000 * via.proxy_cpu / len(via.shots), 3),
-                    "proxy_cpu_between_rounds_ms_per_s": round(1000 * direct.proxy_cpu / direct.wall, 2),
-                }
-                goals = {f"added_p50_ms<={ADDED_P50_GOAL_MS:g}": cell["added_p50_ms"] <= ADDED_P50_GOAL_MS}
-                if stream:
-                    goals[f"added_first_chunk_ms<={FIRST_CHUNK_GOAL_MS:g}"] = (
-                        cell["added_first_chunk_ms"] <= FIRST_CHUNK_GOAL_MS
-                    )
-                cell["goals"] = goals
-                cells[name] = cell
+                sides = asyncio.run(sglang_cell(urls, {**body, "stream": stream}, c, requests, pids, tag))
+                sent_main += len(sides["proxy"].shots)
+                texts |= {s.text for side in sides.values() for s in side.shots}
+                cells[name] = sglang_figures(sides, stream)
         # Kafka publishing was really on: every proxied main turn reached the topic as a Turn.
         results["turns_published"] = published_turns(proxy_port, kafka)
         results["turns_expected"] = sent_main
         results["all_turns_published"] = results["turns_published"] == sent_main
         results["distinct_outputs"] = len(texts)
     finally:
-        if proxy is not None:
-            proxy.terminate()
-            proxy.wait(30)
+        for child in (proxy, relay):
+            if child is not None:
+                child.terminate()
+                child.wait(30)
         if engine is not None:
             engine.stop()
         stop_started(started)
@@ -517,7 +566,7 @@ def run_sglang(args: argparse.Namespace) -> None:
                     "ignore_eos": True,
                     "requests_per_cell_and_side": requests,
                     "levels": levels,
-                    "order": "rounds of C requests at once: direct, proxy, direct, proxy ...",
+                    "order": "rounds of C requests at once: direct, relay, proxy, rotating by one each round",
                 },
                 "cells": cells,
                 **results,
@@ -536,7 +585,7 @@ def main() -> None:
         "--requests",
         type=int,
         default=None,
-        help="stub: requests per concurrency level and side (600); sglang: per cell and side (40)",
+        help="stub: requests per concurrency level and side (600); sglang: per cell and side (64)",
     )
     ap.add_argument(
         "--levels", default=None, help="concurrency levels, comma-separated (stub 1,16,64; sglang 1,8)"
@@ -544,7 +593,7 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=20.0, help="stub only")
     ap.add_argument("--tokens", type=int, default=60, help="stub only")
     ap.add_argument("--engine-url", default=None, help="sglang only: measure this running SGLang")
-    ap.add_argument("--max-tokens", type=int, default=32, help="sglang only: tokens per response")
+    ap.add_argument("--max-tokens", type=int, default=8, help="sglang only: tokens per response")
     args = ap.parse_args()
     if args.engine == "stub":
         run_stub(args)

@@ -19,7 +19,7 @@ log "ruff"
 
 log "pytest"
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=15 "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

@@ -92,16 +92,42 @@ class RunningEngine:
         return None
 
 
+_early_engine: EngineProcess | None = None
+
+
+def _start_engine() -> EngineProcess:
+    log = open(os.path.join(tempfile.gettempdir(), "turnstream-test-engine.log"), "w")
+    return EngineProcess(fetch_smollm2(log=False), log=log, wait=False)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the shared SGLang server as soon as the selected tests are known to need it: its 70-130 s of
+    start-up then overlap the tests that run before the first one that uses it."""
+    global _early_engine
+    if os.environ.get("TURNSTREAM_TEST_ENGINE_URL") or session.config.option.collectonly:
+        return
+    if any("engine" in getattr(item, "fixturenames", ()) for item in session.items):
+        _early_engine = _start_engine()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _early_engine is not None:  # never used (the tests that needed it failed before asking, or were cut)
+        _early_engine.stop()
+
+
 @pytest.fixture(scope="session")
-def engine(smollm2_path: Path) -> Iterator[EngineProcess | RunningEngine]:
+def engine() -> Iterator[EngineProcess | RunningEngine]:
     """One shared real SGLang server (SmolLM2) for the tests that do not change its weights. Started once per
-    session: start-up takes 70-100 s on this machine's two cores."""
+    session, at collection (see ``pytest_collection_finish``): start-up takes 70-130 s on this machine."""
+    global _early_engine
     if url := os.environ.get("TURNSTREAM_TEST_ENGINE_URL"):
         yield RunningEngine(url)
         return
-    with open(os.path.join(tempfile.gettempdir(), "turnstream-test-engine.log"), "w") as log:
-        proc = EngineProcess(smollm2_path, log=log)
+    proc, _early_engine = _early_engine or _start_engine(), None
+    try:
+        proc.wait_ready(proc.ready_path)
         yield proc
+    finally:
         proc.stop()
 
 

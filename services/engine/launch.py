@@ -135,7 +135,8 @@ def exec_sglang(opts: EngineOptions) -> None:
 
 
 class EngineProcess(ServiceProcess):
-    """``turnstream engine`` (the real SGLang) as a subprocess, ready once ``/health`` answers 200."""
+    """``turnstream engine`` (the real SGLang) as a subprocess, ready once ``/health`` answers 200 (``wait=False``:
+    started, and ``wait_ready`` later, so that its minute or two of start-up overlaps other work)."""
 
     def __init__(
         self,
@@ -146,6 +147,7 @@ class EngineProcess(ServiceProcess):
         startup_timeout_s: float = 600.0,
         threads: int = 1,
         env: dict[str, str] | None = None,
+        wait: bool = True,
     ) -> None:
         port = port or free_port()
         super().__init__(
@@ -155,4 +157,5 @@ class EngineProcess(ServiceProcess):
             env={"OMP_NUM_THREADS": str(threads), **(env or {})},
             log=log,
             startup_timeout_s=startup_timeout_s,
+            wait=wait,
         )

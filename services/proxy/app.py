@@ -383,6 +383,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         if stream:
             return await _stream(request, session, index, body, forward, wants, headers, created)
         main = session.turn_type == "main"
+        sent = time.perf_counter()
         try:
             if not main:  # side turns: the engine's bytes go back untouched, never parsed
                 raw = await state.engine.chat_bytes(forward)
@@ -390,6 +391,9 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 data = await state.engine.chat_raw(forward)
         except EngineError as exc:
             return engine_failure(exc, session.turn_type, "false", headers)
+        # How long the engine took, as the proxy saw it (a standard header, shown by browsers and tracers): what a
+        # client measures beyond it is the proxy's own time.
+        headers["Server-Timing"] = f"engine;dur={1000 * (time.perf_counter() - sent):.2f}"
         _OK[session.turn_type].inc()
         _LATENCY[False].observe(time.time() - created)
         if not main:

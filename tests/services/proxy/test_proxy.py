@@ -226,12 +226,17 @@ async def test_side_turns_are_not_recorded_and_session_done_is(
 
 
 async def test_missing_session_id_gets_a_generated_one(proxy: ProxyProcess, kafka: KafkaConfig) -> None:
+    t0 = time.perf_counter()
     resp = httpx.post(
         proxy.url + "/v1/chat/completions",
         json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
         timeout=60,
     )
+    elapsed_ms = 1000 * (time.perf_counter() - t0)
     assert resp.status_code == 200
+    # The engine's share of the request, as the proxy measured it: a real span, inside the client's.
+    name, _, dur = resp.headers["server-timing"].partition(";dur=")
+    assert name == "engine" and 0 < float(dur) < elapsed_ms
     sid = resp.headers["x-session-id"]
     assert sid.startswith("anon-")
     (turn,) = await wait_for_turns(kafka, 1)
