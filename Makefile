@@ -13,10 +13,9 @@ run:              ## set up and run the main job on the embedded defaults
 test:             ## set up and run lint + the whole test suite (real Kafka and Redis)
 	bash scripts/test.sh
 
-lint:
+lint:             ## ruff (checks, formatting) and mypy (schemas/, services/)
 	bash scripts/setup-venv.sh
-	.venv/bin/ruff check .
-	.venv/bin/ruff format --check .
+	bash scripts/lint.sh
 
 format:
 	.venv/bin/ruff check --fix .
@@ -31,4 +30,4 @@ services-down:
 	bash scripts/redis.sh stop
 
 clean:
-	rm -rf .venv .pytest_cache .hypothesis .ruff_cache
+	rm -rf .venv .pytest_cache .hypothesis .ruff_cache .mypy_cache

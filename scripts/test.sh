@@ -13,9 +13,7 @@ bash scripts/redis.sh install
 
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 
-log "ruff"
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
+bash scripts/lint.sh
 
 log "pytest"
 set +e

@@ -194,7 +194,7 @@ class EventProducer:
         """Queue already-encoded bytes (e.g. from a durable spool); the future resolves on acknowledgement."""
         if self._stale:
             await self._renew()
-        fut = await self._producer.send(topic, value, key=key)
+        fut: asyncio.Future[Any] = await self._producer.send(topic, value, key=key)
 
         def done(f: asyncio.Future[Any]) -> None:
             if f.cancelled():

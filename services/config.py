@@ -292,7 +292,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 SECTIONS: dict[str, type[_Section]] = {
-    name: field.type.cls  # type: ignore[attr-defined]
+    name: field.type.cls
     for name, field in ((f.name, f) for f in msgspec.inspect.type_info(Config).fields)  # type: ignore[attr-defined]
 }
 

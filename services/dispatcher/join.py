@@ -10,6 +10,8 @@ turn changes nothing.
 
 from __future__ import annotations
 
+from typing import cast
+
 import redis.asyncio as aioredis
 
 _ADD = """
@@ -69,11 +71,12 @@ class JoinStore:
             keys=[self._t(turn_id), self._d(turn_id), self.open_key],
             args=[field, value, turn_blob or b"", repr(now), self.join_ttl_ms, turn_id],
         )
-        it = iter(flat)
+        it = iter(cast(list[bytes], flat))  # field, value, ...: the client does not decode responses
         return _s(done) if done else None, {_s(k): v for k, v in zip(it, it, strict=True)}
 
     async def fields(self, turn_id: str) -> dict[str, bytes]:
-        return {_s(k): v for k, v in (await self.redis.hgetall(self._t(turn_id))).items()}
+        raw = cast(dict[bytes, bytes], await self.redis.hgetall(self._t(turn_id)))
+        return {_s(k): v for k, v in raw.items()}
 
     async def decision(self, turn_id: str) -> str | None:
         raw = await self.redis.get(self._d(turn_id))
@@ -107,7 +110,8 @@ class JoinStore:
     async def expire(self, now: float, timeout_s: float, limit: int = 500) -> list[tuple[str, list[str]]]:
         """Drop joins open longer than ``timeout_s``: [(turn_id, the inputs it had)], each reported once."""
         out = []
-        for raw in await self.redis.zrangebyscore(self.open_key, "-inf", now - timeout_s, start=0, num=limit):
+        due = await self.redis.zrangebyscore(self.open_key, "-inf", now - timeout_s, start=0, num=limit)
+        for raw in cast(list[bytes], due):  # members only (no scores asked for)
             turn_id = _s(raw)
             fields = await self._expire(
                 keys=[self._t(turn_id), self._d(turn_id), self.open_key], args=[turn_id, self.dedupe_ttl_ms]

@@ -8,7 +8,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,10 @@ class _EventStream(StreamingResponse):
     so the engine stops generating) through a plain task, where Starlette's StreamingResponse spends an anyio task
     group (~70 us) per response."""
 
+    def __init__(self, pieces: AsyncGenerator[tuple[bytes, bool], None], headers: dict[str, str]) -> None:
+        super().__init__((), media_type="text/event-stream", headers=headers)
+        self.pieces = pieces
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -107,13 +111,13 @@ class _EventStream(StreamingResponse):
             task.cancel()
 
         watcher = asyncio.get_running_loop().create_task(watch())
-        pieces = self.body_iterator
+        pieces = self.pieces
         try:
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
             last = False
-            async for piece, last in pieces:  # type: ignore[misc]
+            async for piece, last in pieces:
                 await send({"type": "http.response.body", "body": piece, "more_body": not last})
                 if last:
                     break
@@ -125,7 +129,7 @@ class _EventStream(StreamingResponse):
             task.uncancel()
         finally:
             watcher.cancel()
-            await pieces.aclose()  # type: ignore[attr-defined]
+            await pieces.aclose()
 
 
 class BadInput(Exception):
@@ -169,22 +173,36 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 _INT64 = 2**63 - 1
-# Sampling settings the proxy checks itself (type and OpenAI's range), so that a bad value is a clear 400 rather
-# than whatever an engine makes of it: (lowest, highest, integer?).
-_SAMPLING: dict[str, tuple[float, float, bool]] = {
-    "max_tokens": (1, 2**31 - 1, True),
-    "max_completion_tokens": (1, 2**31 - 1, True),
-    "n": (1, 128, True),
-    "seed": (-_INT64 - 1, _INT64, True),
-    "top_logprobs": (0, 20, True),
-    "top_k": (-1, 2**31 - 1, True),
-    "temperature": (0.0, 2.0, False),
-    "top_p": (0.0, 1.0, False),
-    "min_p": (0.0, 1.0, False),
-    "presence_penalty": (-2.0, 2.0, False),
-    "frequency_penalty": (-2.0, 2.0, False),
-    "repetition_penalty": (0.0, 2.0, False),
+# Sampling settings the proxy checks itself (type and range), so that a bad value is a clear 400 rather than
+# whatever an engine makes of it: (lowest, highest, integer?, lowest excluded?). The ranges are OpenAI's, narrowed
+# to what SGLang 0.5.23 accepts (``SamplingParams.verify``: top_p in (0, 1], repetition_penalty in (0, 2], top_k
+# -1 or at least 1), so a main turn is never answered by the engine's refusal.
+_SAMPLING: dict[str, tuple[float, float, bool, bool]] = {
+    "max_tokens": (1, 2**31 - 1, True, False),
+    "max_completion_tokens": (1, 2**31 - 1, True, False),
+    "n": (1, 128, True, False),
+    "seed": (-_INT64 - 1, _INT64, True, False),
+    "top_logprobs": (0, 20, True, False),
+    "top_k": (-1, 2**31 - 1, True, False),
+    "temperature": (0.0, 2.0, False, False),
+    "top_p": (0.0, 1.0, False, True),
+    "min_p": (0.0, 1.0, False, False),
+    "presence_penalty": (-2.0, 2.0, False, False),
+    "frequency_penalty": (-2.0, 2.0, False, False),
+    "repetition_penalty": (0.0, 2.0, False, True),
 }
+
+
+def _check_sampling(name: str, value: object) -> None:
+    low, high, integer, open_low = _SAMPLING[name]
+    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+        kind = "an integer" if integer else "a number"
+        raise BadInput(400, f"'{name}' must be {kind}", "invalid_value")
+    if not low <= value <= high or (open_low and value == low):  # NaN fails this too
+        interval = f"{'(' if open_low else '['}{low}, {high}]"
+        raise BadInput(400, f"'{name}' must be in {interval}, got {value}", "invalid_value")
+    if name == "top_k" and value == 0:
+        raise BadInput(400, "'top_k' must be -1 (the whole vocabulary) or at least 1, got 0", "invalid_value")
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -219,15 +237,8 @@ def _parse(raw: bytes) -> dict[str, Any]:
     ):
         raise BadInput(400, "'stop' must be a string or an array of strings")
     for name in _SAMPLING.keys() & body.keys():
-        value = body[name]
-        if value is None:
-            continue
-        low, high, integer = _SAMPLING[name]
-        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
-            kind = "an integer" if integer else "a number"
-            raise BadInput(400, f"'{name}' must be {kind}", "invalid_value")
-        if not low <= value <= high:  # NaN fails this too
-            raise BadInput(400, f"'{name}' must be between {low} and {high}, got {value}", "invalid_value")
+        if body[name] is not None:
+            _check_sampling(name, body[name])
     return body
 
 
@@ -421,6 +432,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             DROPPED.labels("bad_engine_response").inc()
             log.warning("engine response not understood; turn not recorded", extra={"error": repr(exc)})
             return
+        assert state is not None
         version = completion.weight_version
         if version is None:
             version = state.versions.current
@@ -478,7 +490,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         strip = main and not (wants["logprobs"] and wants["input_ids"] and wants["output_ids"])
         epoch = state.versions.epoch  # where in the served-version history this stream began
 
-        async def relay() -> AsyncIterator[tuple[bytes, bool]]:
+        async def relay() -> AsyncGenerator[tuple[bytes, bool], None]:
             # The events of one network read go to the client in one write, as soon as the read is split: real
             # streaming (a token-paced engine gives one event per read), and a burst costs one write, not one each.
             completion = Completion()
@@ -536,7 +548,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                     else:
                         DROPPED.labels("stream_incomplete").inc()
 
-        return _EventStream(relay(), media_type="text/event-stream", headers=headers)
+        return _EventStream(relay(), headers)
 
     async def _label_then_finish(
         session: SessionInfo,

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
@@ -94,7 +95,7 @@ class Pairer:
 
     async def on_turn(self, turn: Turn) -> None:
         key = self._state + turn.session_id
-        raw = await self.redis.get(key)
+        raw = cast(bytes | None, await self.redis.get(key))  # the client does not decode responses
         prev = decode(raw, Turn) if raw else None
         out: list[PairedTurn] = []
         if prev is not None:
@@ -115,9 +116,11 @@ class Pairer:
             PAIRS.labels(self._kind(paired)).inc()
         pipe = self.redis.pipeline(transaction=True)
         if turn.session_done:
-            pipe.delete(key).zrem(self._idle, turn.session_id)
+            pipe.delete(key)
+            pipe.zrem(self._idle, turn.session_id)
         else:
-            pipe.set(key, encode(turn)).zadd(self._idle, {turn.session_id: turn.completed_at})
+            pipe.set(key, encode(turn))
+            pipe.zadd(self._idle, {turn.session_id: turn.completed_at})
         await pipe.execute()
 
     def _terminal(self, turn: Turn, reason: str) -> PairedTurn:
@@ -136,7 +139,7 @@ class Pairer:
         for sid in await self.redis.zrangebyscore(self._idle, "-inf", now - self.timeout, start=0, num=500):
             sid_s = sid.decode() if isinstance(sid, bytes) else str(sid)
             key = self._state + sid_s
-            raw = await self.redis.get(key)
+            raw = cast(bytes | None, await self.redis.get(key))
             if raw is None:
                 await self.redis.zrem(self._idle, sid_s)
                 continue

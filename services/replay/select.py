@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from typing import Any
 
 import msgspec
 
@@ -24,7 +25,7 @@ class Range(msgspec.Struct, frozen=True):
     to_offset: int | None = None
     """Exclusive."""
 
-    def holds(self, rec: Record[object]) -> bool:
+    def holds(self, rec: Record[Any]) -> bool:
         if self.from_offset is not None and rec.offset < self.from_offset:
             return False
         if self.to_offset is not None and rec.offset >= self.to_offset:

@@ -230,7 +230,8 @@ class Simulator:
         async with httpx.AsyncClient() as http:
             users_done = asyncio.gather(*(user(http) for _ in range(users)))
             stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({users_done, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {users_done, stopped}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not users_done.done():  # stopped: sessions in flight are abandoned, their turns stay recorded
                 users_done.cancel()
                 await asyncio.gather(users_done, return_exceptions=True)

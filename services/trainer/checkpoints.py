@@ -153,6 +153,7 @@ class TrainerStore:
             raise FileNotFoundError(
                 f"{path} is missing: was this checkpoint written with another parallel layout?"
             )
-        return torch.load(
+        state: dict[str, Any] = torch.load(
             path, weights_only=False, map_location="cpu"
-        )  # our own file, written by write_state()
+        )  # written by write_state()
+        return state

@@ -62,7 +62,7 @@ def apply_cpu_shim() -> bool:
     import megatron.core.transformer.utils as transformer_utils
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda device=None: None
     transformer_utils.get_default_causal_mask = _cpu_causal_mask
     if hasattr(fused_softmax, "get_default_causal_mask"):
         fused_softmax.get_default_causal_mask = _cpu_causal_mask

@@ -96,7 +96,9 @@ def init_parallel(layout: ParallelLayout | None = None, seed: int = 1234) -> Par
         if layout.distributed:  # torchrun's rendezvous (MASTER_ADDR, MASTER_PORT)
             dist.init_process_group(backend, rank=layout.rank, world_size=layout.world_size)
         else:  # one process: an in-memory store, no port to pick or race for
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            # torch's stubs do not re-export HashStore from torch.distributed, where it is documented.
+            store = dist.HashStore()  # type: ignore[attr-defined]
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(layout.tp, layout.pp)
     if cpu:
@@ -301,7 +303,7 @@ def forward_logits(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
-    out = model(input_ids, position_ids, causal_padding_mask(attention_mask))
+    out: torch.Tensor = model(input_ids, position_ids, causal_padding_mask(attention_mask))
     if vocab_size is not None and out.shape[-1] > vocab_size:
         out = out[..., :vocab_size]
     return out

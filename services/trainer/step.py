@@ -64,7 +64,8 @@ class Collated:
     topk_mask: Tensor | None = None
 
     def to(self, device: torch.device) -> Collated:
-        return Collated(**{f.name: _move(getattr(self, f.name), device) for f in fields(self)})
+        moved: dict[str, Any] = {f.name: _move(getattr(self, f.name), device) for f in fields(self)}
+        return Collated(**moved)
 
 
 def _move(t: Tensor | None, device: torch.device) -> Tensor | None:
@@ -239,7 +240,7 @@ def _schedule(
         return output, finish
 
     with cpu_allocations():
-        return get_forward_backward_func()(
+        stats: list[dict[str, Tensor]] = get_forward_backward_func()(
             forward_step_func=step,
             data_iterator=iter(range(n)),
             model=[model],
@@ -248,6 +249,7 @@ def _schedule(
             micro_batch_size=micro[0].tokens.shape[0],
             forward_only=forward_only,
         )
+    return stats
 
 
 def reference_logprobs(reference: Any, micro: list[Collated], forward: Forward) -> list[Tensor]:

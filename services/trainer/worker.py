@@ -121,7 +121,7 @@ class TrainerLoop:
     def train(self, samples: list[Sample]) -> StepStats:
         broadcast(("step", samples, self.version + 1), self.layout)
         started = time.perf_counter()
-        stats = self.policy.train(samples)
+        stats: StepStats = self.policy.train(samples)
         STEP_SECONDS.observe(time.perf_counter() - started)
         return stats
 

@@ -219,6 +219,25 @@ ABUSE: list[tuple[str, bytes, int, str]] = [
         400,
         "out of range",
     ),
+    # Inside OpenAI's ranges but refused by SGLang: the proxy's own 400, never the engine's.
+    (
+        "zero top_p",
+        b'{"messages": [{"role": "user", "content": "x"}], "top_p": 0}',
+        400,
+        "'top_p' must be in (0",
+    ),
+    (
+        "zero top_k",
+        b'{"messages": [{"role": "user", "content": "x"}], "top_k": 0}',
+        400,
+        "'top_k' must be -1",
+    ),
+    (
+        "zero repetition_penalty",
+        b'{"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0.0}',
+        400,
+        "'repetition_penalty' must be in (0",
+    ),
     ("content of a wrong type", b'{"messages": [{"role": "user", "content": 5}]}', 400, "content"),
     (
         "null byte session",
