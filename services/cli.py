@@ -246,8 +246,8 @@ def _engine(args: argparse.Namespace) -> int:
 
 
 def _proxy(config: Config, args: argparse.Namespace) -> int:
-    from services.http_server import serve
     from services.proxy.app import create_app
+    from services.transport.http_server import serve
 
     proxy = msgspec.structs.replace(
         config.proxy, host=args.host or config.proxy.host, port=args.port or config.proxy.port
@@ -315,7 +315,7 @@ def _override(config: Config, section: str, values: dict[str, object]) -> Config
 
 # Consuming services: where their main loop lives, and which flags override which fields of their config section.
 _WORKERS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
-    "pairer": ("services.proxy.pairer", "run_pairer", "pairer", ()),
+    "pairer": ("services.pairer.worker", "run_pairer", "pairer", ()),
     "judge": ("services.judge.worker", "run_judge", "judge", ("judge_id", "backend", "m", "engine_url")),
     "teacher": ("services.teacher.worker", "run_teacher", "teacher", ("engine_url", "top_k")),
     "dispatcher": ("services.dispatcher.worker", "run_dispatcher", "dispatcher", ("mode", "judge_ids")),

@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from services.http_pool import LeanPool, request_head
-from services.sse import data_batches
+from services.transport.http_pool import LeanPool, request_head
+from services.transport.sse import data_batches
 
 _hot: LeanPool | None = None
 
 
 def hot_path_transport() -> LeanPool:
-    """The process's one connection pool for engine calls (see services/http_pool.py)."""
+    """The process's one connection pool for engine calls (see services/transport/http_pool.py)."""
     global _hot
     if _hot is None:
         _hot = LeanPool()
@@ -376,7 +376,7 @@ class EngineClient:
     async def open_chat_stream(self, body: dict[str, Any]) -> httpx.Response:
         """Start a streamed chat completion and return the open response once the engine accepted it (status
         < 400), so callers can map refusals to HTTP errors before sending their own first byte. The caller
-        reads it (``services.sse.data_batches(resp.aiter_bytes())``) and must ``aclose()`` it."""
+        reads it (``services.transport.sse.data_batches(resp.aiter_bytes())``) and must ``aclose()`` it."""
         try:
             resp = await self.transport.handle_async_request(
                 self._build("POST", "/v1/chat/completions", {**body, "stream": True})

@@ -1,1 +1,1 @@
-"""The OpenAI-compatible proxy that records every main-line turn, the pairer, and the weight reloader."""
+"""The OpenAI-compatible proxy that records every main-line turn, and the weight reloader."""

@@ -36,7 +36,7 @@ from services.proxy.session import SessionError, SessionInfo, new_session_id, se
 from services.proxy.turn_numbers import TurnNumbers
 from services.proxy.turns import DROPPED, RESCORED, Completion, UnrecordableTurn, build_turn, modified_logits
 from services.proxy.versions import ServedVersions
-from services.sse import data_batches
+from services.transport.sse import data_batches
 
 log = logging.getLogger("turnstream.proxy")
 

@@ -25,7 +25,7 @@ import msgspec
 import torch
 from torch import Tensor
 
-from services.trainer.model import ModelSpec
+from services.trainer.spec import ModelSpec
 
 VOCAB_MULTIPLE = 128
 

@@ -16,7 +16,6 @@ from schemas import Sample
 from services.config import TrainerConfig
 from services.trainer.cpu_shim import cpu_allocations
 from services.trainer.model import (
-    ModelSpec,
     build_model,
     forward_logits,
     init_parallel,
@@ -26,6 +25,7 @@ from services.trainer.model import (
     read_hf_weights,
 )
 from services.trainer.parallel import ParallelLayout, dtype_for, unshard
+from services.trainer.spec import ModelSpec
 from services.trainer.step import StepStats, train_step
 
 

@@ -60,7 +60,7 @@ async def wait_for_turns(kafka: KafkaConfig, count: int, timeout: float = 60.0) 
 
 async def pair_all(config: Config, expect: int, timeout: float = 60.0) -> list[PairedTurn]:
     """Run the pairer on the config's namespace until ``expect`` pairs exist; returns them all."""
-    from services.proxy.pairer import run_pairer
+    from services.pairer.worker import run_pairer
 
     stop = asyncio.Event()
     task = asyncio.create_task(run_pairer(config, install_signals=False, stop=stop))

@@ -21,7 +21,8 @@ from services.bus import read_topic
 from services.config import KafkaConfig
 from services.launch import free_port
 from services.trainer.checkpoints import TrainerStore
-from services.trainer.model import ModelSpec, read_hf_weights
+from services.trainer.model import read_hf_weights
+from services.trainer.spec import ModelSpec
 from tests.services.trainer.conftest import make_sample, publish, save_tiny_llama, trainer_env
 from tests.services.trainer.dist_check import STEPS, run
 

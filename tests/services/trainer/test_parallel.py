@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from services.config import TrainerConfig, load_config
-from services.trainer.model import ModelSpec, hf_to_megatron
+from services.trainer.model import hf_to_megatron
 from services.trainer.parallel import ParallelLayout, dtype_for, padded_vocab, shard, stage_layers, unshard
+from services.trainer.spec import ModelSpec
 
 
 def spec(family: str = "llama", tie: bool = True, layers: int = 4, vocab: int = 300) -> ModelSpec:

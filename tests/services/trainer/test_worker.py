@@ -19,7 +19,8 @@ from services.bus import read_topic
 from services.config import Config, KafkaConfig, TrainerConfig
 from services.topics import create_topics
 from services.trainer.checkpoints import TrainerStore
-from services.trainer.model import ModelSpec, read_hf_weights
+from services.trainer.model import read_hf_weights
+from services.trainer.spec import ModelSpec
 from services.trainer.worker import run_trainer
 from tests.services.trainer.conftest import make_sample, publish
 

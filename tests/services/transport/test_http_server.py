@@ -17,13 +17,13 @@ import pytest
 
 from services.launch import ServiceProcess, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ENV = {"PYTHONPATH": str(ROOT)}  # the app script lives in a temporary folder
 
 APP = textwrap.dedent(
     """
     import sys
-    from services.http_server import serve
+    from services.transport.http_server import serve
 
     async def app(scope, receive, send):
         if scope["type"] != "http":

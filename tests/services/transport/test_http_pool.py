@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from services.engine.launch import free_port
-from services.http_pool import LeanPool, request_head
+from services.transport.http_pool import LeanPool, request_head
 
 
 async def serve(port: int, close_every: int = 0) -> tuple[asyncio.AbstractServer, list[int]]:

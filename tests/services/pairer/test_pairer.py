@@ -12,7 +12,7 @@ from schemas import FunctionCall, Message, PairedTurn, ToolCall, Turn
 from schemas.topics import TURNS
 from services.bus import EventProducer, read_topic
 from services.config import Config, KafkaConfig, PairerConfig, RedisConfig
-from services.proxy.pairer import next_state
+from services.pairer.worker import next_state
 from services.topics import create_topics
 from tests.services.proxy.conftest import pair_all
 from tests.strategies import example_turn

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.sse import DataLines, data_batches
+from services.transport.sse import DataLines, data_batches
 
 _LINE = st.one_of(
     st.builds(lambda s: b"data: " + s, st.binary(max_size=30).map(lambda b: re.sub(rb"[\r\n]", b"", b))),

@@ -1,0 +1,1 @@
+"""HTTP plumbing shared by the services: the engine connection pool, the lean uvicorn server, SSE splitting."""
