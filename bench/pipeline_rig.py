@@ -362,10 +362,10 @@ class Account:
 
     Expected, per recorded turn: one pairing; for a turn that is not its session's last, an eval and a hint
     judgment and one sample (combine mode), and teacher scores when the next state was a correction. Found counts
-    distinct keys (DESIGN §5: turn id; turn id/judge id/kind; turn id/judge id; sample id): delivery is
-    at-least-once, so a key seen twice on an intermediate topic is a redelivery, harmless by design and reported
-    apart. A sample is what gets trained: two with one sample id are a duplicate, as is a second turn id for one
-    answered request."""
+    distinct keys (docs/design.md, Delivery guarantees: turn id; turn id/judge id/kind; turn id/judge id; sample
+    id): delivery is at-least-once, so a key seen twice on an intermediate topic is a redelivery, harmless by
+    design and reported apart. A sample is what gets trained: two with one sample id are a duplicate, as is a
+    second turn id for one answered request."""
 
     expected: dict[str, int]
     found: dict[str, int]

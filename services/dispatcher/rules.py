@@ -1,4 +1,4 @@
-"""What a judged turn teaches (DESIGN §4 "dispatcher"): a pure function of the mode and the verdicts."""
+"""What a judged turn teaches (docs/design.md, "The method, exactly"): a pure function of the mode and the verdicts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parsing and voting: pure functions with OpenClaw-RL's semantics (DESIGN §4 "judge").
+"""Parsing and voting: pure functions with OpenClaw-RL's semantics (docs/design.md, "The method, exactly").
 
 A vote's score is the *last* ``\\boxed{...}`` in the judge's text, so a model that reasons through several
 candidates and then commits is read by its final answer.

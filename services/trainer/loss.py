@@ -1,4 +1,4 @@
-"""The trainer's objective (DESIGN §4 "trainer"), pure torch so it is tested on hand-computed numbers.
+"""The trainer's objective (docs/design.md, "The method, exactly"), pure torch so it is tested on hand-computed numbers.
 
 One loss, not a weighted sum of two: rl and opd signals mix in advantage space, and one PPO clipped surrogate
 with an asymmetric clip optimizes both. ``old`` log-probs are the rollout log-probs the proxy recorded.

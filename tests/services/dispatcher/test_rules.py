@@ -1,4 +1,4 @@
-"""``decide`` over DESIGN §4's whole table, for every mode and every input combination."""
+"""``decide`` over the whole dispatch table of docs/design.md, for every mode and every input combination."""
 
 from __future__ import annotations
 
