@@ -263,6 +263,29 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("partitions assigned", extra={"group": self.owner.group_id, "partitions": len(assigned)})
 
 
+def kafka_consumer(
+    kafka: KafkaConfig, *, client_id: str, group_id: str | None = None, **options: Any
+) -> AIOKafkaConsumer:
+    """Every Kafka consumer turnstream makes, with what they all need: the broker and its security, fetch sizes
+    that fit the largest record, the configured timeouts, committed records only, no auto-commit, from the
+    earliest record. ``group_id`` is the full group name (``consumer_group``); ``options`` override the rest."""
+    settings: dict[str, Any] = dict(
+        bootstrap_servers=kafka.bootstrap,
+        client_id=client_id,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
+        session_timeout_ms=kafka.session_timeout_ms,
+        heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+        request_timeout_ms=kafka.request_timeout_ms,
+        **_security(kafka),
+    )
+    return AIOKafkaConsumer(**(settings | options))
+
+
 def consumer_group(kafka: KafkaConfig, group_id: str) -> str:
     """The Kafka group id for ``group_id`` in ``kafka.namespace``: a replay's consumers must never join (and so
     rebalance, or share offsets with) the live pipeline's groups."""
@@ -309,20 +332,12 @@ class EventConsumer:
         self._own_deadletter = deadletter is None
         self._deadletter = deadletter or EventProducer(kafka, client_id=f"{group_id}-deadletter")
         self._options: dict[str, Any] = dict(
-            bootstrap_servers=kafka.bootstrap,
             client_id=client_id or kafka.client_id,
             group_id=consumer_group(kafka, group_id) if group else None,
-            enable_auto_commit=False,
             fetch_max_wait_ms=fetch_max_wait_ms,
             consumer_timeout_ms=background_poll_ms,
             auto_offset_reset="latest" if start_from == "latest" else "earliest",
             isolation_level=isolation_level,
-            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-            fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
-            session_timeout_ms=kafka.session_timeout_ms,
-            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-            request_timeout_ms=kafka.request_timeout_ms,
-            **_security(kafka),
         )
         self._consumer = self._make()
         self._work_lock = asyncio.Lock()
@@ -345,7 +360,7 @@ class EventConsumer:
         self._started = True
 
     def _make(self) -> AIOKafkaConsumer:
-        return AIOKafkaConsumer(**self._options)
+        return kafka_consumer(self.kafka, **self._options)
 
     async def stop(self) -> None:
         """Leave the group (after any in-flight batch committed) and close connections."""
@@ -586,16 +601,7 @@ async def read_topic(
     consumers. Undecodable records raise DecodeError (a replay should not silently skip history), unless
     ``skip_undecodable`` (an audit of a topic someone wrote garbage to: the consumers dead-lettered it)."""
     topic = spec.name(kafka.namespace)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=kafka.bootstrap,
-        client_id=f"{kafka.client_id}-replay",
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level=isolation_level,
-        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-        **_security(kafka),
-    )
+    consumer = kafka_consumer(kafka, client_id=f"{kafka.client_id}-replay", isolation_level=isolation_level)
     await consumer.start()
     try:
         tps = await topic_partitions(consumer, topic)

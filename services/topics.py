@@ -134,12 +134,11 @@ async def _describe_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dic
 async def group_lag(kafka: KafkaConfig, groups: dict[str, tuple[TopicSpec, ...]]) -> dict[str, int]:
     """Records each consumer group (in ``kafka.namespace``) has yet to commit, over all partitions of its topics:
     0 means it has finished everything written so far. A group that never committed owes every record kept."""
-    from aiokafka import AIOKafkaConsumer
-
-    from services.bus import consumer_group, topic_partitions
+    from services.bus import consumer_group, kafka_consumer, topic_partitions
 
     admin = _admin(kafka)
-    reader = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=None, **_security(kafka))
+    # End offsets as the broker's high watermark (what every record written so far makes), as before.
+    reader = kafka_consumer(kafka, client_id=f"{kafka.client_id}-lag", isolation_level="read_uncommitted")
     await admin.start()
     await reader.start()
     try:

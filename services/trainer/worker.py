@@ -18,16 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import DecodeError, Sample, WeightsPublished, decode
-from schemas.topics import MAX_MESSAGE_BYTES, SAMPLES, WEIGHTS
+from schemas.topics import SAMPLES, WEIGHTS
 from services.bus import (
     EventProducer,
-    _security,
     consumer_group,
     dead_letter_record,
+    kafka_consumer,
     read_topic,
     topic_partitions,
 )
@@ -217,15 +217,8 @@ async def run_trainer(
 
     kafka = config.kafka
     topic = SAMPLES.name(kafka.namespace)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=kafka.bootstrap,
-        client_id=f"{kafka.client_id}-trainer",
-        group_id=consumer_group(kafka, tc.group_id),
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-        **_security(kafka),
+    consumer = kafka_consumer(
+        kafka, client_id=f"{kafka.client_id}-trainer", group_id=consumer_group(kafka, tc.group_id)
     )
     producer = EventProducer(kafka, client_id=f"{kafka.client_id}-trainer")
     await producer.start()
