@@ -464,12 +464,9 @@ class EventConsumer:
         for tp, records in batch.items():
             spec = self.specs[tp.topic]
             for rec in records:
-                try:
-                    event = decode(rec.value or b"", spec.event_type)
-                except DecodeError as exc:
-                    await dead_letter_record(self._deadletter, rec, exc.kind, str(exc), self.group_id)
-                    continue
-                good.append(Record(event, rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp))
+                decoded = await decode_or_dead_letter(rec, spec.event_type, self._deadletter, self.group_id)
+                if decoded is not None:
+                    good.append(decoded)
         if good:
             await handler(good)
         for tp, records in batch.items():
@@ -529,6 +526,19 @@ async def send_dead_letter(
         "record dead-lettered",
         extra={"topic": topic, "partition": partition, "offset": offset, "kind": kind, "error": error},
     )
+
+
+async def decode_or_dead_letter(
+    rec: ConsumerRecord[bytes, bytes], event_type: type[E], deadletter: EventProducer, group: str
+) -> Record[E] | None:
+    """A received record decoded as ``event_type``; or None once it is kept, verbatim, on ``deadletter`` (durable
+    on return, so the caller may pass its offset). The one decode path of every consumer."""
+    try:
+        event = decode(rec.value or b"", event_type)
+    except DecodeError as exc:
+        await dead_letter_record(deadletter, rec, exc.kind, str(exc), group)
+        return None
+    return Record(event, rec.topic, rec.partition, rec.offset, rec.key, rec.timestamp)
 
 
 async def dead_letter_record(

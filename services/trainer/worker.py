@@ -21,12 +21,12 @@ from typing import Any
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from schemas import DecodeError, Sample, WeightsPublished, decode
+from schemas import Sample, WeightsPublished
 from schemas.topics import SAMPLES, WEIGHTS
 from services.bus import (
     EventProducer,
     consumer_group,
-    dead_letter_record,
+    decode_or_dead_letter,
     kafka_consumer,
     read_topic,
     topic_partitions,
@@ -254,17 +254,13 @@ async def run_trainer(
             )
             for tp, records in batch.items():
                 for rec in records:
-                    try:
-                        sample = decode(rec.value or b"", Sample)
-                    except DecodeError as exc:  # kept on deadletter, verbatim, before its offset is passed
-                        await dead_letter_record(producer, rec, exc.kind, str(exc), tc.group_id)
+                    decoded = await decode_or_dead_letter(rec, Sample, producer, tc.group_id)
+                    if decoded is None:  # on deadletter before its offset is passed
                         DROPPED.labels("undecodable").inc()
-                        log.warning(
-                            "undecodable sample dead-lettered",
-                            extra={"offset": rec.offset, "error": str(exc)},
-                        )
+                        log.warning("undecodable sample dead-lettered", extra={"offset": rec.offset})
                         pending.processed(tp.partition, rec.offset)
                         continue
+                    sample = decoded.event
                     if trainer.fresh(sample):
                         pending.add(tp.partition, rec.offset, sample)
                     else:
