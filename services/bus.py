@@ -119,25 +119,26 @@ _RENEW_ON = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, 
 """Send errors after which an idempotent producer cannot go on: the broker lost (or fenced) its state."""
 
 
-class EventProducer:
-    """Idempotent, acks=all producer of contract events. Optionally transactional."""
+def producer_options(kafka: KafkaConfig, client_id: str) -> dict[str, Any]:
+    """aiokafka producer settings for turnstream's records: idempotent, acks=all, room for the largest record."""
+    return dict(
+        bootstrap_servers=kafka.bootstrap,
+        client_id=client_id,
+        acks="all",
+        enable_idempotence=True,
+        max_request_size=MAX_MESSAGE_BYTES,
+        request_timeout_ms=kafka.request_timeout_ms,
+        linger_ms=5,
+        **_security(kafka),
+    )
 
-    def __init__(
-        self, kafka: KafkaConfig, *, transactional_id: str | None = None, client_id: str | None = None
-    ):
+
+class EventProducer:
+    """Idempotent, acks=all producer of contract events."""
+
+    def __init__(self, kafka: KafkaConfig, *, client_id: str | None = None):
         self.kafka = kafka
-        self.transactional_id = transactional_id
-        self._options: dict[str, Any] = dict(
-            bootstrap_servers=kafka.bootstrap,
-            client_id=client_id or kafka.client_id,
-            acks="all",
-            enable_idempotence=True,
-            transactional_id=transactional_id,
-            max_request_size=MAX_MESSAGE_BYTES,
-            request_timeout_ms=kafka.request_timeout_ms,
-            linger_ms=5,
-            **_security(kafka),
-        )
+        self._options: dict[str, Any] = producer_options(kafka, client_id or kafka.client_id)
         self._producer = self._make()
         self._stale = False
         self._renewing = asyncio.Lock()
@@ -227,22 +228,6 @@ class EventProducer:
 
     async def flush(self) -> None:
         await self._producer.flush()
-
-    def transaction(self) -> Any:
-        """``async with producer.transaction():`` commits on exit, aborts on an exception."""
-        return self._producer.transaction()
-
-    async def begin_transaction(self) -> None:
-        await self._producer.begin_transaction()
-
-    async def commit_transaction(self) -> None:
-        await self._producer.commit_transaction()
-
-    async def abort_transaction(self) -> None:
-        await self._producer.abort_transaction()
-
-    async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, int], group_id: str) -> None:
-        await self._producer.send_offsets_to_transaction(offsets, group_id)
 
 
 Handler = Callable[[list[Record[Any]]], Awaitable[None]]

@@ -69,10 +69,6 @@ def shutdown_parallel(layout: ParallelLayout) -> None:
     dist.destroy_process_group()
 
 
-def init_single_process(seed: int = 1234) -> None:
-    init_parallel(None, seed)
-
-
 def build_model(
     spec: ModelSpec, dtype: torch.dtype = torch.float32, layout: ParallelLayout | None = None
 ) -> Any:

@@ -201,15 +201,29 @@ async def test_undecodable_record_is_dead_lettered_and_consumer_keeps_going(kafk
 
 
 async def test_aborted_transaction_is_invisible_to_read_committed(kafka: KafkaConfig) -> None:
-    async with EventProducer(kafka, transactional_id=f"tx-{kafka.namespace}") as producer:
+    """turnstream writes no transactions, but its consumers read committed records only: another writer's aborted
+    records must never reach them. A transactional producer (test-only) writes some."""
+    from aiokafka import AIOKafkaProducer
+
+    from schemas import encode
+    from services.bus import producer_options
+
+    topic = TURNS.name(kafka.namespace)
+    producer = AIOKafkaProducer(
+        **producer_options(kafka, "turnstream-test-tx"), transactional_id=f"tx-{kafka.namespace}"
+    )
+    await producer.start()
+    try:
         async with producer.transaction():
-            await producer.send(TURNS, example_turn("committed", 1), "committed")
+            await producer.send(topic, encode(example_turn("committed", 1)), key=b"committed")
         await producer.begin_transaction()
-        await producer.send(TURNS, example_turn("aborted", 1), "aborted")
+        await producer.send(topic, encode(example_turn("aborted", 1)), key=b"aborted")
         await producer.flush()
         await producer.abort_transaction()
         async with producer.transaction():
-            await producer.send(TURNS, example_turn("committed", 2), "committed")
+            await producer.send(topic, encode(example_turn("committed", 2)), key=b"committed")
+    finally:
+        await producer.stop()
 
     committed = [r.event.turn_id async for r in read_topic(kafka, TURNS)]
     assert sorted(committed) == ["committed:1", "committed:2"]

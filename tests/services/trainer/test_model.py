@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from services.trainer.model import (
-    ModelSpec,
     build_model,
     export_hf,
     forward_logits,
-    init_single_process,
+    init_parallel,
     load_hf_into,
     read_hf_weights,
 )
+from services.trainer.spec import ModelSpec
 
 warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
 
@@ -26,7 +26,7 @@ warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
 @pytest.fixture(scope="module", autouse=True)
 def megatron() -> None:
     torch.set_num_threads(1)
-    init_single_process()
+    init_parallel(None)  # one process: an in-memory store
 
 
 IDS = torch.tensor([[1, 504, 3458, 314, 260, 1789, 30, 2, 41, 7], [1, 504, 3458, 314, 99, 5, 0, 0, 0, 0]])
