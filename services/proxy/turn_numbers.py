@@ -1,13 +1,6 @@
 """Per-session turn numbers: one Redis ``INCR`` per main turn, so that proxy replicas behind a load balancer number
-one session's turns 1, 2, 3 between them.
-
-Why not redis-py's client here: its command path (connection pool checkout, retry wrapper, response callbacks,
-timeout contexts) cost about a fifth of the proxy's CPU per request, for a command whose reply is one integer.
-``TurnNumbers`` pipelines ``INCR`` on one connection: commands are written as they come, replies (which Redis
-returns in order) resolve the waiting callers first in, first out. The address comes from the same Redis URL as
-everywhere else, parsed by redis-py (``redis://``, ``rediss://`` with TLS, ``unix://``; user, password and db
-are sent as ``AUTH`` and ``SELECT`` on connect). A lost connection fails the callers that were waiting and the
-next call connects again.
+one session's turns 1, 2, 3 between them, over the pipelined client of ``services/transport/resp.py`` (a fifth of
+the proxy's CPU per request went to redis-py's command path).
 
 ``number_once`` is the late path, for turns served while Redis was unreachable: the recorder numbers them when it
 publishes them, and a Lua script keyed by the turn's nonce makes that idempotent (a resend after a crash gets the
@@ -16,88 +9,7 @@ number the first attempt got).
 
 from __future__ import annotations
 
-import asyncio
-import ssl
-from collections import deque
-from typing import Any
-
-from redis.asyncio.connection import SSLConnection, parse_url
-
-
-class RedisReplyError(Exception):
-    """Redis answered with an error (``-ERR ...``)."""
-
-
-def _command(*args: bytes) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-    return b"".join(parts)
-
-
-class _Replies(asyncio.Protocol):
-    """Simple RESP replies (integers, status lines, errors), matched to the waiting futures in order."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.waiting: deque[asyncio.Future[Any]] = deque()
-        self.buffer = b""
-        self.lost = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self.buffer + data if self.buffer else data
-        start = 0
-        while (end := buffer.find(b"\r\n", start)) >= 0:
-            kind, line = buffer[start : start + 1], buffer[start + 1 : end]
-            start = end + 2
-            if kind == b":":
-                reply: Any = int(line)
-            elif kind == b"+":
-                reply = line.decode()
-            elif kind == b"-":
-                reply = RedisReplyError(line.decode(errors="replace"))
-            else:  # no command sent here has any other kind of reply
-                self._fail(ConnectionError(f"unexpected reply from Redis: {kind + line!r}"))
-                return
-            if not self.waiting:
-                self._fail(ConnectionError("a reply from Redis that nothing asked for"))
-                return
-            future = self.waiting.popleft()
-            if future.done():  # its caller gave up (timeout); the reply still keeps the order
-                continue
-            if isinstance(reply, RedisReplyError):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
-        self.buffer = buffer[start:]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        while self.waiting:
-            future = self.waiting.popleft()
-            if not future.done():
-                future.set_exception(ConnectionError(f"connection to Redis lost ({exc!r})"))
-
-    def _fail(self, exc: Exception) -> None:
-        self.lost = True
-        while self.waiting:
-            future = self.waiting.popleft()
-            if not future.done():
-                future.set_exception(exc)
-        if self.transport is not None:
-            self.transport.close()
-
-    def send(self, command: bytes) -> asyncio.Future[Any]:
-        if self.lost or self.transport is None:
-            raise ConnectionError("not connected to Redis")
-        future = asyncio.get_running_loop().create_future()
-        self.waiting.append(future)
-        self.transport.write(command)
-        return future
-
+from services.transport.resp import PipelinedRedis, command
 
 # KEYS[1] the session's counter, KEYS[2] the turn's nonce; ARGV[1] how long the nonce's number is remembered.
 _NUMBER_ONCE = b"""
@@ -112,61 +24,24 @@ NONCE_TTL_S = 30 * 86400
 
 class TurnNumbers:
     def __init__(self, url: str, key_prefix: str, connect_timeout_s: float = 5.0) -> None:
-        self.options = parse_url(url)
+        self.redis = PipelinedRedis(url, connect_timeout_s)
         self.prefix = f"{key_prefix}turns:".encode()
         self.nonce_prefix = f"{key_prefix}turn-nonce:".encode()
-        self.connect_timeout_s = connect_timeout_s
-        self._conn: _Replies | None = None
-        self._connecting: asyncio.Lock | None = None
 
     async def next(self, session_id: str) -> int:
         """The session's next turn number (1 for its first turn)."""
-        conn = self._conn
-        if conn is None or conn.lost:
-            conn = await self._connect()
         key = self.prefix + session_id.encode()
-        return int(await conn.send(b"*2\r\n$4\r\nINCR\r\n$%d\r\n%s\r\n" % (len(key), key)))
+        return int(await self.redis.send(b"*2\r\n$4\r\nINCR\r\n$%d\r\n%s\r\n" % (len(key), key)))
 
     async def number_once(self, session_id: str, nonce: bytes) -> int:
         """The session's next turn number for the turn identified by ``nonce``, the same one however often asked."""
-        conn = self._conn
-        if conn is None or conn.lost:
-            conn = await self._connect()
         counter = self.prefix + session_id.encode()
         remembered = self.nonce_prefix + nonce.hex().encode()
-        command = _command(b"EVAL", _NUMBER_ONCE, b"2", counter, remembered, str(NONCE_TTL_S).encode())
-        return int(await conn.send(command))
-
-    async def _connect(self) -> _Replies:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:  # one connection, however many callers found none
-            if self._conn is not None and not self._conn.lost:
-                return self._conn
-            loop = asyncio.get_running_loop()
-            o = self.options
-            async with asyncio.timeout(self.connect_timeout_s):
-                if "path" in o:
-                    _, conn = await loop.create_unix_connection(_Replies, o["path"])
-                else:
-                    tls = ssl.create_default_context() if o.get("connection_class") is SSLConnection else None
-                    _, conn = await loop.create_connection(
-                        _Replies, o.get("host", "localhost"), int(o.get("port", 6379)), ssl=tls
-                    )
-                try:
-                    if o.get("password"):
-                        auth = [o["username"].encode()] if o.get("username") else []
-                        await conn.send(_command(b"AUTH", *auth, o["password"].encode()))
-                    if int(o.get("db", 0)):
-                        await conn.send(_command(b"SELECT", str(int(o["db"])).encode()))
-                except BaseException:
-                    if conn.transport is not None:
-                        conn.transport.close()
-                    raise
-            self._conn = conn
-            return conn
+        return int(
+            await self.redis.send(
+                command(b"EVAL", _NUMBER_ONCE, b"2", counter, remembered, str(NONCE_TTL_S).encode())
+            )
+        )
 
     async def aclose(self) -> None:
-        if self._conn is not None and self._conn.transport is not None:
-            self._conn.transport.close()
-        self._conn = None
+        await self.redis.aclose()

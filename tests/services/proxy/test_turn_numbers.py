@@ -12,7 +12,8 @@ import redis.asyncio as aioredis
 
 from services.config import RedisConfig
 from services.engine.launch import free_port
-from services.proxy.turn_numbers import RedisReplyError, TurnNumbers
+from services.proxy.turn_numbers import TurnNumbers
+from services.transport.resp import RedisReplyError
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +53,14 @@ async def test_a_killed_connection_fails_its_callers_and_the_next_call_reconnect
     numbers = TurnNumbers(redis_config.url, redis_config.key_prefix)
     try:
         assert await numbers.next("k") == 1
-        conn = numbers._conn
+        conn = numbers.redis._conn
         assert conn is not None and conn.transport is not None
         host, port = conn.transport.get_extra_info("sockname")[:2]
         assert await redis_client.client_kill(f"{host}:{port}")
         await asyncio.sleep(0.2)
         assert conn.lost
         assert await numbers.next("k") == 2
-        assert numbers._conn is not conn
+        assert numbers.redis._conn is not conn
     finally:
         await numbers.aclose()
 
