@@ -16,10 +16,9 @@ import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from schemas import Message
 from services.config import Config
 from services.engine_client import (
     EXACT_NON_STREAMED,
@@ -30,11 +29,14 @@ from services.engine_client import (
     close_engine_pool,
     version_number,
 )
+from services.proxy.additions import client_wants, strip_response, strip_stream_chunk
+from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
 from services.proxy.recorder import TurnRecorder
 from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
 from services.proxy.turn_numbers import TurnNumbers
 from services.proxy.turns import DROPPED, RESCORED, Completion, UnrecordableTurn, build_turn, modified_logits
+from services.proxy.validation import BadInput, parse_chat, read_body
 from services.proxy.versions import ServedVersions
 from services.transport.sse import data_batches
 
@@ -49,17 +51,6 @@ _LATENCY = {stream: LATENCY.labels(str(stream).lower()) for stream in (True, Fal
 
 _json_decoder = msgspec.json.Decoder()
 _json_encoder = msgspec.json.Encoder()
-_EXTRAS = ("response_token_ids", "prompt_token_ids", "meta_info")
-_SGLEXT_HEADERS = {"input_ids": "x-sglext-return-input-ids", "output_ids": "x-sglext-return-output-ids"}
-
-
-def openai_error(
-    status: int, message: str, err_type: str, code: str | None = None, headers: dict[str, str] | None = None
-) -> Response:
-    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
-    return Response(
-        _json_encoder.encode(body), status_code=status, media_type="application/json", headers=headers
-    )
 
 
 def engine_failure(exc: EngineError, turn_type: str, stream: str, headers: dict[str, str]) -> Response:
@@ -71,72 +62,6 @@ def engine_failure(exc: EngineError, turn_type: str, stream: str, headers: dict[
         message, err_type = f"the model engine failed: {exc}", "engine_error"
     REQUESTS.labels(turn_type, stream, str(status)).inc()
     return openai_error(status, message, err_type, headers=headers)
-
-
-class _ThenRecord(Response):
-    """A JSON response that runs ``after`` once its body is sent: the recording hook of a main turn, on the event
-    loop and without Starlette's BackgroundTask (which inspects the callable on every request)."""
-
-    def __init__(self, content: bytes, headers: dict[str, str], after: Any) -> None:
-        super().__init__(content, media_type="application/json", headers=headers)
-        self._after = after
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await super().__call__(scope, receive, send)
-        self._after()
-
-
-class _EventStream(StreamingResponse):
-    """A streamed chat response. Its body iterator yields ``(bytes, last)``: the last piece goes out with the
-    chunked terminator in one write. A client that goes away cancels the relay (which closes the engine stream,
-    so the engine stops generating) through a plain task, where Starlette's StreamingResponse spends an anyio task
-    group (~70 us) per response."""
-
-    def __init__(self, pieces: AsyncGenerator[tuple[bytes, bool], None], headers: dict[str, str]) -> None:
-        super().__init__((), media_type="text/event-stream", headers=headers)
-        self.pieces = pieces
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        gone = False
-
-        # The watcher runs only while this task awaits a send or the relay; ``finally`` cancels it before its
-        # first await, so a disconnect seen after the last piece cancels nothing.
-        async def watch() -> None:
-            nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone = True
-            task.cancel()
-
-        watcher = asyncio.get_running_loop().create_task(watch())
-        pieces = self.pieces
-        try:
-            await send(
-                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-            )
-            last = False
-            async for piece, last in pieces:
-                await send({"type": "http.response.body", "body": piece, "more_body": not last})
-                if last:
-                    break
-            if not last:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not gone:
-                raise
-            task.uncancel()
-        finally:
-            watcher.cancel()
-            await pieces.aclose()
-
-
-class BadInput(Exception):
-    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
 
 
 @dataclass
@@ -154,92 +79,6 @@ class ProxyState:
     reloader: Any = None
     background: list[asyncio.Task[None]] = field(default_factory=list)
     """The reloader and the version probe: cancelled at shutdown."""
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadInput(
-            413, f"request body of {declared} bytes exceeds the limit of {limit}", "request_too_large"
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BadInput(413, f"request body exceeds the limit of {limit} bytes", "request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-_INT64 = 2**63 - 1
-# Sampling settings the proxy checks itself (type and range), so that a bad value is a clear 400 rather than
-# whatever an engine makes of it: (lowest, highest, integer?, lowest excluded?). The ranges are OpenAI's, narrowed
-# to what SGLang 0.5.23 accepts (``SamplingParams.verify``: top_p in (0, 1], repetition_penalty in (0, 2], top_k
-# -1 or at least 1), so a main turn is never answered by the engine's refusal.
-_SAMPLING: dict[str, tuple[float, float, bool, bool]] = {
-    "max_tokens": (1, 2**31 - 1, True, False),
-    "max_completion_tokens": (1, 2**31 - 1, True, False),
-    "n": (1, 128, True, False),
-    "seed": (-_INT64 - 1, _INT64, True, False),
-    "top_logprobs": (0, 20, True, False),
-    "top_k": (-1, 2**31 - 1, True, False),
-    "temperature": (0.0, 2.0, False, False),
-    "top_p": (0.0, 1.0, False, True),
-    "min_p": (0.0, 1.0, False, False),
-    "presence_penalty": (-2.0, 2.0, False, False),
-    "frequency_penalty": (-2.0, 2.0, False, False),
-    "repetition_penalty": (0.0, 2.0, False, True),
-}
-
-
-def _check_sampling(name: str, value: object) -> None:
-    low, high, integer, open_low = _SAMPLING[name]
-    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
-        kind = "an integer" if integer else "a number"
-        raise BadInput(400, f"'{name}' must be {kind}", "invalid_value")
-    if not low <= value <= high or (open_low and value == low):  # NaN fails this too
-        interval = f"{'(' if open_low else '['}{low}, {high}]"
-        raise BadInput(400, f"'{name}' must be in {interval}, got {value}", "invalid_value")
-    if name == "top_k" and value == 0:
-        raise BadInput(400, "'top_k' must be -1 (the whole vocabulary) or at least 1, got 0", "invalid_value")
-
-
-def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        body = _json_decoder.decode(raw)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # invalid UTF-8 surfaces as UnicodeDecodeError
-        raise BadInput(400, f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BadInput(400, "the body is not valid JSON: nested too deeply") from None
-    if not isinstance(body, dict):
-        raise BadInput(400, "the body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadInput(400, "'messages' must be a non-empty array of messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadInput(400, f"messages[{i}] must be an object with a string 'role'")
-    try:  # the contract's own check (~2 us): a request it refuses would be served and never recorded
-        msgspec.convert(messages, list[Message])
-    except (msgspec.ValidationError, ValueError) as exc:
-        raise BadInput(400, f"'messages' is not a valid chat: {exc}".replace("`$", "`messages")) from None
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadInput(400, "'stream' must be a boolean")
-    if not isinstance(body.get("model"), str | None):
-        raise BadInput(400, "'model' must be a string")
-    tools = body.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise BadInput(400, "'tools' must be an array of objects")
-    stop = body.get("stop")
-    if stop is not None and not (
-        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))
-    ):
-        raise BadInput(400, "'stop' must be a string or an array of strings")
-    for name in _SAMPLING.keys() & body.keys():
-        if body[name] is not None:
-            _check_sampling(name, body[name])
-    return body
 
 
 def create_app(config: Config, state: ProxyState | None = None) -> Any:
@@ -341,7 +180,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 401, "invalid or missing bearer token", "authentication_error", "invalid_api_key"
             )
         try:
-            body = _parse(await _read_body(request, pc.max_body_bytes))
+            body = parse_chat(await read_body(request, pc.max_body_bytes))
             session = session_info(request.headers, body)
         except BadInput as exc:
             return openai_error(exc.status, str(exc), "invalid_request_error", exc.code)
@@ -371,16 +210,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 index = asyncio.create_task(next_turn_index(session.session_id))  # type: ignore[arg-type]
         stream = bool(body.get("stream"))
         # What the client would get from SGLang itself: the proxy's own additions are taken out again.
-        wants = {
-            "logprobs": bool(body.get("logprobs")),
-            "response_token_ids": bool(body.get("return_token_ids")),
-            "prompt_token_ids": bool(body.get("return_prompt_token_ids") or body.get("return_token_ids")),
-            "meta_info": bool(body.get("return_meta_info")),
-            **{
-                key: bool(body.get(f"return_{key}_in_sglext")) or request.headers.get(header) == "1"
-                for key, header in _SGLEXT_HEADERS.items()
-            },
-        }
+        wants = client_wants(body, request.headers)
         forward = dict(body)
         if session.turn_type == "main":
             for name, value in state.sampling.items():  # the engine's defaults made explicit, so recorded
@@ -411,9 +241,9 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             return Response(raw, media_type="application/json", headers=headers)
         # The client's copy drops what the proxy asked for on its own account; recording needs the original.
         payload = dict(data, choices=[dict(c) for c in data.get("choices") or ()])
-        _strip(payload, wants)
+        strip_response(payload, wants)
         # The turn is built and recorded after the response has gone out: the user never waits for it.
-        return _ThenRecord(
+        return ThenRecord(
             _json_encoder.encode(payload),
             headers,
             lambda: record_response(session, index, forward, data, created),
@@ -512,7 +342,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                                 break
                             completion.add_chunk(chunk)
                             if strip:
-                                if not _strip_stream_chunk(chunk, wants):
+                                if not strip_stream_chunk(chunk, wants):
                                     continue  # the proxy's own sglext chunk: not the client's
                                 payload = _json_encoder.encode(chunk)
                         out.append(b"data: " + payload + b"\n\n")
@@ -548,7 +378,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                     else:
                         DROPPED.labels("stream_incomplete").inc()
 
-        return _EventStream(relay(), headers)
+        return EventStream(relay(), headers)
 
     async def _label_then_finish(
         session: SessionInfo,
@@ -612,55 +442,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         lifespan=_lifespan,
         exception_handlers={Exception: _unexpected},
     )
-    return _ChatFirst(app, chat)
-
-
-class _ChatFirst:
-    """``POST /v1/chat/completions`` straight to its handler, past Starlette's router, its two exception
-    middlewares and their send wrappers (measured: a tenth of the proxy's CPU per request). Everything else, the
-    lifespan included, goes through the Starlette app, which also routes chat (for its 405 and tests)."""
-
-    def __init__(self, app: Starlette, chat: Any) -> None:
-        self.app = app
-        self.chat = chat
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        try:
-            response = await self.chat(Request(scope, receive))
-        except Exception:
-            log.exception("unexpected error")
-            response = openai_error(500, "internal error in the proxy", "internal_error")
-        await response(scope, receive, send)
-
-
-def _strip(data: dict[str, Any], wants: dict[str, bool]) -> None:
-    """Remove what the proxy asked the engine for on its own account, so clients see what they asked for."""
-    for choice in data.get("choices") or ():
-        if not wants["logprobs"]:
-            choice["logprobs"] = None
-        for extra in _EXTRAS:
-            if not wants[extra]:
-                choice.pop(extra, None)
-
-
-def _strip_stream_chunk(chunk: dict[str, Any], wants: dict[str, bool]) -> bool:
-    """``_strip`` for a stream chunk; False when nothing of it is the client's (the ``sglext`` ids chunk the proxy
-    asked for on its own)."""
-    if not wants["logprobs"]:
-        for choice in chunk.get("choices") or ():
-            choice["logprobs"] = None
-    ext = chunk.get("sglext")
-    if ext is not None:
-        for key in ("input_ids", "output_ids"):
-            if not wants[key]:
-                ext.pop(key, None)
-        if not ext:
-            del chunk["sglext"]
-            return bool(chunk.get("choices")) or chunk.get("usage") is not None
-    return True
+    return ChatFirst(app, chat)
 
 
 async def build_state(config: Config) -> ProxyState:

@@ -1,0 +1,108 @@
+"""The proxy's ASGI pieces: OpenAI's error shape, a JSON response that records after it is sent, a streamed
+response cancelled by its client going away, and the short cut that sends chat requests past Starlette's
+router."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+log = logging.getLogger("turnstream.proxy")
+
+_json_encoder = msgspec.json.Encoder()
+
+
+def openai_error(
+    status: int, message: str, err_type: str, code: str | None = None, headers: dict[str, str] | None = None
+) -> Response:
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    return Response(
+        _json_encoder.encode(body), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+class ThenRecord(Response):
+    """A JSON response that runs ``after`` once its body is sent: the recording hook of a main turn, on the event
+    loop and without Starlette's BackgroundTask (which inspects the callable on every request)."""
+
+    def __init__(self, content: bytes, headers: dict[str, str], after: Any) -> None:
+        super().__init__(content, media_type="application/json", headers=headers)
+        self._after = after
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await super().__call__(scope, receive, send)
+        self._after()
+
+
+class EventStream(StreamingResponse):
+    """A streamed chat response. Its body iterator yields ``(bytes, last)``: the last piece goes out with the
+    chunked terminator in one write. A client that goes away cancels the relay (which closes the engine stream,
+    so the engine stops generating) through a plain task, where Starlette's StreamingResponse spends an anyio task
+    group (~70 us) per response."""
+
+    def __init__(self, pieces: AsyncGenerator[tuple[bytes, bool], None], headers: dict[str, str]) -> None:
+        super().__init__((), media_type="text/event-stream", headers=headers)
+        self.pieces = pieces
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        # The watcher runs only while this task awaits a send or the relay; ``finally`` cancels it before its
+        # first await, so a disconnect seen after the last piece cancels nothing.
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        pieces = self.pieces
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            last = False
+            async for piece, last in pieces:
+                await send({"type": "http.response.body", "body": piece, "more_body": not last})
+                if last:
+                    break
+            if not last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()
+        finally:
+            watcher.cancel()
+            await pieces.aclose()
+
+
+class ChatFirst:
+    """``POST /v1/chat/completions`` straight to its handler, past Starlette's router, its two exception
+    middlewares and their send wrappers (measured: a tenth of the proxy's CPU per request). Everything else, the
+    lifespan included, goes through the Starlette app, which also routes chat (for its 405 and tests)."""
+
+    def __init__(self, app: Starlette, chat: Any) -> None:
+        self.app = app
+        self.chat = chat
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await self.chat(Request(scope, receive))
+        except Exception:
+            log.exception("unexpected error")
+            response = openai_error(500, "internal error in the proxy", "internal_error")
+        await response(scope, receive, send)
