@@ -81,42 +81,50 @@ class ProxyState:
     """The reloader and the version probe: cancelled at shutdown."""
 
 
-def create_app(config: Config, state: ProxyState | None = None) -> Any:
-    """A plain Starlette app: the proxy's hot path has no use for FastAPI's validation layer."""
-    pc = config.proxy
-    api_key = pc.api_key.encode() if pc.api_key else None
+class ChatProxy:
+    """The proxy's request handlers around one ``ProxyState`` (built at start-up, unless a test passes one)."""
 
-    async def _startup() -> None:
-        nonlocal state
-        if state is None:
-            state = await build_state(config)
+    def __init__(self, config: Config, state: ProxyState | None = None) -> None:
+        self.config = config
+        self.pc = config.proxy
+        self.api_key = self.pc.api_key.encode() if self.pc.api_key else None
+        self._state = state
 
-    async def _shutdown() -> None:
+    @property
+    def state(self) -> ProxyState:
+        assert self._state is not None, "the proxy has not started"
+        return self._state
+
+    async def startup(self) -> None:
+        if self._state is None:
+            self._state = await build_state(self.config)
+
+    async def shutdown(self) -> None:
+        state = self._state
         if state is not None:
             # Turns still being labelled or re-scored first: a streamed turn's label waits for the next version
             # probe, which must still be running.
-            if state.tasks:
-                await asyncio.gather(*state.tasks, return_exceptions=True)
+            if self.state.tasks:
+                await asyncio.gather(*self.state.tasks, return_exceptions=True)
             # The reloader follows without a consumer group: nothing to commit, so it is cancelled, not awaited.
-            for task in state.background:
+            for task in self.state.background:
                 task.cancel()
-            await asyncio.gather(*state.background, return_exceptions=True)
-            await state.recorder.stop()
-            await state.turn_numbers.aclose()
+            await asyncio.gather(*self.state.background, return_exceptions=True)
+            await self.state.recorder.stop()
+            await self.state.turn_numbers.aclose()
             await close_engine_pool()
 
-    def authorized(request: Request) -> bool:
-        if api_key is None:
+    def authorized(self, request: Request) -> bool:
+        if self.api_key is None:
             return True
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key)
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key)
 
-    async def next_turn_index(session_id: str) -> int | None:
-        assert state is not None
+    async def next_turn_index(self, session_id: str) -> int | None:
         try:
-            async with asyncio.timeout(pc.redis_timeout_ms / 1000):  # no extra task, unlike wait_for
-                return await state.turn_numbers.next(session_id)
+            async with asyncio.timeout(self.pc.redis_timeout_ms / 1000):  # no extra task, unlike wait_for
+                return await self.state.turn_numbers.next(session_id)
         except Exception as exc:  # Redis trouble must not fail the user's request
             log.warning(
                 "turn numbering unavailable; the turn is numbered when published", extra={"error": repr(exc)}
@@ -124,6 +132,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             return None
 
     def finish_turn(
+        self,
         session: SessionInfo,
         index_task: asyncio.Task[int | None] | None,
         body: dict[str, Any],
@@ -131,28 +140,28 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         created: float,
         version: int,
     ) -> None:
-        assert state is not None and session.session_id is not None
+        assert session.session_id is not None
         if index_task is not None and not index_task.done():  # rare: Redis slower than the engine
             index_task.add_done_callback(
-                lambda _: finish_turn(session, index_task, body, completion, created, version)
+                lambda _: self.finish_turn(session, index_task, body, completion, created, version)
             )
             return
         # No number (Redis unreachable, now or when the request came): recorded unnumbered, numbered on publishing.
         index = index_task.result() if index_task is not None else None
 
         def build() -> None:
-            assert state is not None and session.session_id is not None
+            assert session.session_id is not None
             try:
                 turn = build_turn(
                     session_id=session.session_id,
                     turn_index=index or 1,  # a placeholder when unnumbered
                     body=body,
                     completion=completion,
-                    model=body.get("model") or pc.served_model_name,
+                    model=body.get("model") or self.pc.served_model_name,
                     created_at=created,
                     session_done=session.done,
                     fallback_version=version,
-                    retokenize=state.retokenize,
+                    retokenize=self.state.retokenize,
                 )
             except UnrecordableTurn as exc:
                 DROPPED.labels(exc.reason).inc()
@@ -162,25 +171,24 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 DROPPED.labels("internal_error").inc()
                 log.exception("recording a turn failed")
                 return
-            state.recorder.record(turn, unnumbered=index is None)
+            self.state.recorder.record(turn, unnumbered=index is None)
 
         if completion.token_ids is None or completion.prompt_token_ids is None:
             # Re-tokenizing is slow: never on the event loop.
             task = asyncio.create_task(asyncio.to_thread(build))
-            state.tasks.add(task)
-            task.add_done_callback(state.tasks.discard)
+            self.state.tasks.add(task)
+            task.add_done_callback(self.state.tasks.discard)
         else:
             build()
 
-    async def chat(request: Request) -> Response:
-        assert state is not None
+    async def chat(self, request: Request) -> Response:
         created = time.time()
-        if not authorized(request):
+        if not self.authorized(request):
             return openai_error(
                 401, "invalid or missing bearer token", "authentication_error", "invalid_api_key"
             )
         try:
-            body = parse_chat(await read_body(request, pc.max_body_bytes))
+            body = parse_chat(await read_body(request, self.pc.max_body_bytes))
             session = session_info(request.headers, body)
         except BadInput as exc:
             return openai_error(exc.status, str(exc), "invalid_request_error", exc.code)
@@ -197,7 +205,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             )
         if session.turn_type == "main":
             if session.session_id is None:
-                if pc.missing_session == "reject":
+                if self.pc.missing_session == "reject":
                     return openai_error(
                         400, "main turns need X-Session-Id", "invalid_request_error", "missing_session"
                     )
@@ -206,14 +214,17 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             # Numbered at arrival (a session's turns are numbered in order) but not waited for here: the Redis
             # round trip overlaps the engine's work instead of adding to the user's latency. While turns served
             # without Redis wait to be numbered, new ones queue behind them (see TurnRecorder.deferring).
-            if not state.recorder.deferring:
-                index = asyncio.create_task(next_turn_index(session.session_id))  # type: ignore[arg-type]
+            if not self.state.recorder.deferring:
+                index = asyncio.create_task(self.next_turn_index(session.session_id))  # type: ignore[arg-type]
         stream = bool(body.get("stream"))
         # What the client would get from SGLang itself: the proxy's own additions are taken out again.
         wants = client_wants(body, request.headers)
         forward = dict(body)
         if session.turn_type == "main":
-            for name, value in state.sampling.items():  # the engine's defaults made explicit, so recorded
+            for (
+                name,
+                value,
+            ) in self.state.sampling.items():  # the engine's defaults made explicit, so recorded
                 if forward.get(name) is None:
                     forward[name] = value
             forward.update(EXACT_STREAMED if stream else EXACT_NON_STREAMED)
@@ -222,14 +233,14 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 if wants[key]:
                     forward[f"return_{key}_in_sglext"] = True
         if stream:
-            return await _stream(request, session, index, body, forward, wants, headers, created)
+            return await self._stream(request, session, index, body, forward, wants, headers, created)
         main = session.turn_type == "main"
         sent = time.perf_counter()
         try:
             if not main:  # side turns: the engine's bytes go back untouched, never parsed
-                raw = await state.engine.chat_bytes(forward)
+                raw = await self.state.engine.chat_bytes(forward)
             else:
-                data = await state.engine.chat_raw(forward)
+                data = await self.state.engine.chat_raw(forward)
         except EngineError as exc:
             return engine_failure(exc, session.turn_type, "false", headers)
         # How long the engine took, as the proxy saw it (a standard header, shown by browsers and tracers): what a
@@ -246,10 +257,11 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         return ThenRecord(
             _json_encoder.encode(payload),
             headers,
-            lambda: record_response(session, index, forward, data, created),
+            lambda: self.record_response(session, index, forward, data, created),
         )
 
     def record_response(
+        self,
         session: SessionInfo,
         index: asyncio.Task[int | None] | None,
         body: dict[str, Any],
@@ -262,18 +274,20 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             DROPPED.labels("bad_engine_response").inc()
             log.warning("engine response not understood; turn not recorded", extra={"error": repr(exc)})
             return
-        assert state is not None
         version = completion.weight_version
         if version is None:
-            version = state.versions.current
+            version = self.state.versions.current
         if modified_logits(body) is None:
-            finish_turn(session, index, body, completion, created, version)
+            self.finish_turn(session, index, body, completion, created, version)
             return
-        task = asyncio.create_task(_rescore_then_finish(session, index, body, completion, created, version))
-        state.tasks.add(task)
-        task.add_done_callback(state.tasks.discard)
+        task = asyncio.create_task(
+            self._rescore_then_finish(session, index, body, completion, created, version)
+        )
+        self.state.tasks.add(task)
+        task.add_done_callback(self.state.tasks.discard)
 
     async def _rescore_then_finish(
+        self,
         session: SessionInfo,
         index: asyncio.Task[int | None] | None,
         body: dict[str, Any],
@@ -283,13 +297,12 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
     ) -> None:
         """The raw log-probs of a turn sampled from modified logits (see ``modified_logits``), from a prefill on
         the weights that produced it; a reload in between drops the turn (counted), it is never mislabelled."""
-        assert state is not None
         reason = modified_logits(body) or "unknown"
         if completion.prompt_token_ids is None or completion.token_ids is None:
             DROPPED.labels("no_token_ids").inc()
             return
         try:
-            scored = await state.engine.score(completion.prompt_token_ids, completion.token_ids)
+            scored = await self.state.engine.score(completion.prompt_token_ids, completion.token_ids)
         except EngineError as exc:
             DROPPED.labels("rescore_failed").inc()
             log.warning("re-scoring a turn failed; not recorded", extra={"error": str(exc)})
@@ -299,9 +312,10 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             return
         completion.logprobs = scored.logprobs
         RESCORED.labels(reason).inc()
-        finish_turn(session, index, body, completion, created, version)
+        self.finish_turn(session, index, body, completion, created, version)
 
     async def _stream(
+        self,
         request: Request,
         session: SessionInfo,
         index: asyncio.Task[int | None] | None,
@@ -311,14 +325,13 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         headers: dict[str, str],
         created: float,
     ) -> Response:
-        assert state is not None
         try:
-            upstream = await state.engine.open_chat_stream(forward)
+            upstream = await self.state.engine.open_chat_stream(forward)
         except EngineError as exc:
             return engine_failure(exc, session.turn_type, "true", headers)
         main = session.turn_type == "main"
         strip = main and not (wants["logprobs"] and wants["input_ids"] and wants["output_ids"])
-        epoch = state.versions.epoch  # where in the served-version history this stream began
+        epoch = self.state.versions.epoch  # where in the served-version history this stream began
 
         async def relay() -> AsyncGenerator[tuple[bytes, bool], None]:
             # The events of one network read go to the client in one write, as soon as the read is split: real
@@ -371,16 +384,17 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
                 if main:
                     if complete:
                         label = asyncio.create_task(
-                            _label_then_finish(session, index, forward, completion, created, epoch)
+                            self._label_then_finish(session, index, forward, completion, created, epoch)
                         )
-                        state.tasks.add(label)
-                        label.add_done_callback(state.tasks.discard)
+                        self.state.tasks.add(label)
+                        label.add_done_callback(self.state.tasks.discard)
                     else:
                         DROPPED.labels("stream_incomplete").inc()
 
         return EventStream(relay(), headers)
 
     async def _label_then_finish(
+        self,
         session: SessionInfo,
         index: asyncio.Task[int | None] | None,
         body: dict[str, Any],
@@ -388,45 +402,47 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
         created: float,
         epoch: int,
     ) -> None:
-        assert state is not None
         try:
-            version = await state.versions.label(epoch)
+            version = await self.state.versions.label(epoch)
         except asyncio.CancelledError:  # shutting down: the oldest version known so far, never a newer one
-            version = state.versions.oldest_since(epoch)
+            version = self.state.versions.oldest_since(epoch)
         if modified_logits(body) is None:
-            finish_turn(session, index, body, completion, created, version)
+            self.finish_turn(session, index, body, completion, created, version)
         else:
-            await _rescore_then_finish(session, index, body, completion, created, version)
+            await self._rescore_then_finish(session, index, body, completion, created, version)
 
-    async def models(_: Request) -> Response:
-        assert state is not None
+    async def models(self, _: Request) -> Response:
         try:
-            data = await state.engine.models()
+            data = await self.state.engine.models()
         except EngineError as exc:
             return openai_error(502, f"the model engine failed: {exc}", "engine_error")
         return JSONResponse({"object": "list", "data": data})
 
-    async def healthz(_: Request) -> Response:
-        assert state is not None
-        engine_ok = await state.engine.health()
+    async def healthz(self, _: Request) -> Response:
+        engine_ok = await self.state.engine.health()
         body = {
             "status": "ok" if engine_ok else "degraded",
             "engine": engine_ok,
-            "spool_pending": state.recorder.pending,
-            "weight_version": state.versions.current,
+            "spool_pending": self.state.recorder.pending,
+            "weight_version": self.state.versions.current,
         }
         return JSONResponse(body, status_code=200 if engine_ok else 503)
 
-    async def metrics(_: Request) -> Response:
+    async def metrics(self, _: Request) -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(config: Config, state: ProxyState | None = None) -> Any:
+    """A plain Starlette app: the proxy's hot path has no use for FastAPI's validation layer."""
+    proxy = ChatProxy(config, state)
 
     @contextlib.asynccontextmanager
     async def _lifespan(_: Starlette) -> AsyncIterator[None]:
-        await _startup()
+        await proxy.startup()
         try:
             yield
         finally:
-            await _shutdown()
+            await proxy.shutdown()
 
     async def _unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unexpected error")
@@ -434,15 +450,15 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
 
     app = Starlette(
         routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
+            Route("/v1/chat/completions", proxy.chat, methods=["POST"]),
+            Route("/v1/models", proxy.models, methods=["GET"]),
+            Route("/healthz", proxy.healthz, methods=["GET"]),
+            Route("/metrics", proxy.metrics, methods=["GET"]),
         ],
         lifespan=_lifespan,
         exception_handlers={Exception: _unexpected},
     )
-    return ChatFirst(app, chat)
+    return ChatFirst(app, proxy.chat)
 
 
 async def build_state(config: Config) -> ProxyState:
