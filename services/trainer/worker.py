@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
@@ -55,6 +55,25 @@ VERSION = Gauge("turnstream_trainer_version", "Newest published weight version")
 STEP_SECONDS = Histogram("turnstream_trainer_step_seconds", "One optimizer step (forward, backward, update)")
 
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class TrainablePolicy(Protocol):
+    """What the training loop needs of a policy (``services.trainer.policy.Policy``, imported only when training
+    starts: it brings Megatron-core)."""
+
+    layout: ParallelLayout
+
+    def train(self, samples: list[Sample]) -> StepStats: ...
+
+    def export(self) -> dict[str, Tensor]: ...
+
+    def state(self) -> tuple[dict[str, Any], Any]: ...
+
+    def load_state(self, state: dict[str, Any]) -> None: ...
+
+
 class _Pending:
     """Consumed samples not trained yet, and the offsets that are safe to checkpoint around them."""
 
@@ -84,7 +103,7 @@ class _Pending:
 class TrainerLoop:
     """Rank 0's side of training: decides every step and tells the other ranks (``follow``) what to do."""
 
-    def __init__(self, config: Config, policy: Any, store: TrainerStore, base: str) -> None:
+    def __init__(self, config: Config, policy: TrainablePolicy, store: TrainerStore, base: str) -> None:
         self.config = config
         self.tc = config.trainer
         self.policy = policy
@@ -165,7 +184,7 @@ class TrainerLoop:
         )
 
 
-def follow(policy: Any, store: TrainerStore) -> None:
+def follow(policy: TrainablePolicy, store: TrainerStore) -> None:
     """A rank other than 0: resume, train, gather and checkpoint exactly when rank 0 does, until it stops."""
     layout: ParallelLayout = policy.layout
     while True:
