@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Awaitable
 from typing import Any
 
 from redis.asyncio.connection import SSLConnection, parse_url
@@ -103,12 +104,16 @@ class PipelinedRedis:
         self._conn: Replies | None = None
         self._connecting: asyncio.Lock | None = None
 
-    async def send(self, encoded: bytes) -> Any:
-        """Send one encoded command (``command(...)``) and wait for its reply."""
+    def send(self, encoded: bytes) -> Awaitable[Any]:
+        """Send one encoded command (``command(...)``); await the result for its reply. Connected, this is the
+        reply's future itself, with no coroutine around it: it is on the proxy's request path."""
         conn = self._conn
         if conn is None or conn.lost:
-            conn = await self._connect()
-        return await conn.send(encoded)
+            return self._connect_and_send(encoded)
+        return conn.send(encoded)
+
+    async def _connect_and_send(self, encoded: bytes) -> Any:
+        return await (await self._connect()).send(encoded)
 
     async def _connect(self) -> Replies:
         if self._connecting is None:
