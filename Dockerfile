@@ -17,6 +17,7 @@ RUN uv pip sync --system --no-cache requirements.lock
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY services ./services
+COPY examples ./examples
 
 RUN useradd --create-home --uid 10001 turnstream \
     && mkdir -p /var/cache/turnstream /spool /weights \

@@ -19,11 +19,13 @@ from schemas.events import (
     Vote,
     WeightsPublished,
 )
+from schemas.modes import MODES, ModeSpec, UnknownMode, mode_spec, register_mode
 from schemas.topics import ALL_TOPICS, TopicSpec, normalize_namespace, spec_for, topic_name
 
 __all__ = [
     "ALL_TOPICS",
     "FINISH_REASONS",
+    "MODES",
     "SCHEMA_VERSION",
     "ContractError",
     "DeadLetter",
@@ -32,6 +34,7 @@ __all__ = [
     "FunctionCall",
     "Judgment",
     "Message",
+    "ModeSpec",
     "PairedTurn",
     "Sample",
     "SamplingParams",
@@ -39,12 +42,15 @@ __all__ = [
     "ToolCall",
     "TopicSpec",
     "Turn",
+    "UnknownMode",
     "Vote",
     "WeightsPublished",
     "decode",
     "decode_any",
     "encode",
+    "mode_spec",
     "normalize_namespace",
+    "register_mode",
     "spec_for",
     "topic_name",
 ]

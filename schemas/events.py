@@ -9,9 +9,11 @@ rather than guessing.
 from __future__ import annotations
 
 import math
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import msgspec
+
+from schemas.modes import MODES
 
 SCHEMA_VERSION: Final = 1
 
@@ -20,12 +22,6 @@ FINISH_REASONS: Final = frozenset({"stop", "length", "tool_calls", "content_filt
 TOKEN_SOURCES: Final = frozenset({"engine", "retokenized"})
 TERMINAL_REASONS: Final = frozenset({"session_done", "idle_timeout"})
 JUDGMENT_KINDS: Final = frozenset({"eval", "hint"})
-SAMPLE_MODES: Final = frozenset({"rl", "opd", "combine"})
-SAMPLE_KINDS_BY_MODE: Final = {
-    "rl": frozenset({"rl"}),
-    "opd": frozenset({"opd"}),
-    "combine": frozenset({"opd+rl", "opd-only", "rl-only"}),
-}
 EVAL_SCORES: Final = frozenset({-1, 0, 1})
 HINT_SCORES: Final = frozenset({-1, 1})
 DEADLETTER_KINDS: Final = frozenset({"decode", "validation", "processing"})
@@ -38,7 +34,7 @@ class ContractError(ValueError):
     """An event violates the contract. The message starts with the offending field's name."""
 
 
-def _fail(field: str, problem: str) -> None:
+def _fail(field: str, problem: str) -> NoReturn:
     raise ContractError(f"{field}: {problem}")
 
 
@@ -379,9 +375,9 @@ class Sample(Event, frozen=True, tag="sample"):
     sample_id: str
     session_id: str
     mode: str
-    """Dispatch mode: ``rl``, ``opd`` or ``combine``."""
+    """Dispatch mode: ``rl``, ``opd``, ``combine`` or a plugin's (``schemas/modes.py``)."""
     kind: str
-    """``rl``; ``opd``; or for combine ``opd+rl``, ``opd-only``, ``rl-only``."""
+    """One of the mode's kinds: ``rl``; ``opd``; or for combine ``opd+rl``, ``opd-only``, ``rl-only``."""
     tokens: list[int]
     """Prompt token ids followed by response token ids."""
     response_length: int
@@ -405,8 +401,10 @@ class Sample(Event, frozen=True, tag="sample"):
         _require_schema_version(self.schema_version)
         _require_id("sample_id", self.sample_id)
         _require_id("session_id", self.session_id)
-        _require_in("mode", self.mode, SAMPLE_MODES)
-        _require_in("kind", self.kind, SAMPLE_KINDS_BY_MODE[self.mode])
+        spec = MODES.get(self.mode)
+        if spec is None:
+            _fail("mode", f"{self.mode!r} is not one of {sorted(MODES)}")
+        _require_in("kind", self.kind, spec.kinds)
         _require_token_ids("tokens", self.tokens)
         if not 1 <= self.response_length < len(self.tokens):
             _fail("response_length", f"{self.response_length} must be in [1, len(tokens)={len(self.tokens)})")
@@ -415,9 +413,8 @@ class Sample(Event, frozen=True, tag="sample"):
         if any(m not in (0, 1) for m in self.loss_mask):
             _fail("loss_mask", "entries must be 0 or 1")
         _require_logprobs("rollout_logprobs", self.rollout_logprobs, self.response_length, "response_length")
-        if self.kind in ("opd", "opd+rl", "opd-only", "rl-only"):
-            if self.teacher_logprobs is None:
-                _fail("teacher_logprobs", f"is required for kind {self.kind!r}")
+        if self.kind in spec.kinds_with_teacher_logprobs and self.teacher_logprobs is None:
+            _fail("teacher_logprobs", f"is required for kind {self.kind!r}")
         if self.teacher_logprobs is not None:
             _require_logprobs(
                 "teacher_logprobs", self.teacher_logprobs, self.response_length, "response_length"
@@ -427,7 +424,7 @@ class Sample(Event, frozen=True, tag="sample"):
         )
         if not math.isfinite(self.reward) or not -1.0 <= self.reward <= 1.0:
             _fail("reward", f"{self.reward} is not a finite value in [-1, 1]")
-        if self.kind in ("opd", "opd-only") and self.reward != 0:
+        if self.kind in spec.zero_reward_kinds and self.reward != 0:
             _fail("reward", f"must be 0 for kind {self.kind!r}")
         if self.weight_version < 0:
             _fail("weight_version", f"must be >= 0, got {self.weight_version}")

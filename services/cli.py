@@ -98,7 +98,9 @@ def _parser() -> argparse.ArgumentParser:
 
     judge = sub.add_parser("judge", help="eval and hindsight-hint votes (turns.paired -> judgments)")
     judge.add_argument("--judge-id", help="default: judge.judge_id; each id is its own consumer group")
-    judge.add_argument("--backend", choices=["engine", "rules"], help="default: judge.backend")
+    judge.add_argument(
+        "--backend", help="engine, rules or a plugin's package.module:Class (default: judge.backend)"
+    )
     judge.add_argument("--m", type=int, help="eval votes and hint votes per turn (default: judge.m)")
     judge.add_argument("--engine-url", help="the judge engine (default: judge.engine_url)")
 
@@ -109,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     disp = sub.add_parser("dispatcher", help="joins judgments and teacher scores into samples (-> samples)")
-    disp.add_argument("--mode", choices=["rl", "opd", "combine"], help="default: dispatcher.mode")
+    disp.add_argument("--mode", help="rl, opd, combine or a plugin's mode (default: dispatcher.mode)")
     disp.add_argument(
         "--judge-ids",
         type=lambda v: [j.strip() for j in v.split(",")],
@@ -147,8 +149,10 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     )
     derive.add_argument("--into", required=True, help="the new namespace (never the source's)")
     selection(derive)
-    derive.add_argument("--mode", choices=["rl", "opd", "combine"], help="default: dispatcher.mode")
-    derive.add_argument("--judge-backend", choices=["engine", "rules"], help="default: judge.backend")
+    derive.add_argument("--mode", help="rl, opd, combine or a plugin's mode (default: dispatcher.mode)")
+    derive.add_argument(
+        "--judge-backend", help="engine, rules or package.module:Class (default: judge.backend)"
+    )
     derive.add_argument("--judge-engine-url", help="default: judge.engine_url")
     derive.add_argument("--judge-model", help="default: judge.model")
     derive.add_argument("--judge-prompts", help="folder of prompt templates (default: judge.prompts_dir)")

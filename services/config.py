@@ -18,6 +18,8 @@ import msgspec
 from msgspec import Meta
 
 from schemas import normalize_namespace
+from schemas.modes import MODES, UnknownMode, mode_spec
+from services.plugins import PluginError, import_modules
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
@@ -145,7 +147,9 @@ class PairerConfig(_Section):
 
 class JudgeConfig(_Section):
     judge_id: str = "default"
-    backend: Literal["engine", "rules"] = "engine"
+    backend: str = "engine"
+    """``engine`` (an LLM behind the engine API), ``rules`` (keyword rules, for tests and CPU demos) or a
+    plugin's ``package.module:Class`` (docs/extending.md)."""
     engine_url: str = "http://127.0.0.1:30001"
     model: str = ""
     m: PositiveInt = 1
@@ -159,6 +163,8 @@ class JudgeConfig(_Section):
     """Per vote: transient engine failures are retried until then; a vote still failing is recorded as failed."""
     prompts_dir: str = ""
     """Folder overriding any of eval|hint.system|user.txt (default: the templates shipped with turnstream)."""
+    vote_parser: str = "services.judge.votes:parse_vote"
+    """``(kind, text) -> (score, hint)``: reads one vote's text (docs/extending.md)."""
     max_state_chars: PositiveInt = 8000
     """Longer responses and next states are cut in the middle (head and tail kept) before judging."""
     max_batch: PositiveInt = 32
@@ -187,10 +193,20 @@ class TeacherConfig(_Section):
     max_batch: PositiveInt = 16
     group_id: str = "turnstream-teacher"
     api_key: str | None = None
+    hint_template: str = ""
+    """File whose text, with ``{hint}`` replaced by the hint, is appended to the turn's last user message
+    (default: ``services/teacher/hint.txt``, OpenClaw-RL's)."""
+
+    def __post_init__(self) -> None:
+        if self.hint_template and not Path(self.hint_template).is_file():
+            raise ValueError(f"hint_template: {self.hint_template} is not a file")
 
 
 class DispatcherConfig(_Section):
-    mode: Literal["rl", "opd", "combine"] = "combine"
+    mode: str = "combine"
+    """``rl``, ``opd``, ``combine`` or a mode a plugin registers (``schemas/modes.py``)."""
+    decide: str = "services.dispatcher.rules:decide"
+    """``(mode, eval_score, hint_accepted, session_has_effective_sample) -> kind | None`` (docs/extending.md)."""
     judge_ids: list[str] = msgspec.field(default_factory=lambda: ["default"])
     judge_combine: Literal["single", "majority"] = "single"
     """How the eval scores of several judge ids combine: the first id's, or their majority (ties give 0)."""
@@ -207,6 +223,10 @@ class DispatcherConfig(_Section):
     def __post_init__(self) -> None:
         if not self.judge_ids or any(not j.strip() for j in self.judge_ids):
             raise ValueError("judge_ids: must list at least one non-empty judge id")
+        try:
+            mode_spec(self.mode)
+        except UnknownMode as exc:
+            raise ValueError(f"mode: {exc}") from None
 
 
 class TrainerConfig(_Section):
@@ -214,7 +234,6 @@ class TrainerConfig(_Section):
     """The policy's starting Hugging Face folder (OpenClaw's HF_CKPT)."""
     output_dir: str = ""
     rollout_batch_size: PositiveInt = 16
-    train_epochs: PositiveInt = 1
     lr: PositiveFloat = 1e-5
     adam_beta1: Probability = 0.9
     adam_beta2: Probability = 0.98
@@ -244,6 +263,11 @@ class TrainerConfig(_Section):
     """Model-parallel sizes; data parallelism is the rest of torchrun's world size."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """``auto``: bf16 on GPUs, fp32 on the CPU."""
+    advantages: str = "services.trainer.advantages:by_mode"
+    """``(samples, settings) -> one per-token advantage tensor per sample``, over the whole batch
+    (docs/extending.md); the default applies each sample's mode's formula."""
+    loss_terms: list[str] = msgspec.field(default_factory=lambda: ["pg", "entropy", "kl", "topk"])
+    """Terms summed into the loss: built-in names or ``package.module:function`` (docs/extending.md)."""
 
 
 class RunConfig(_Section):
@@ -255,13 +279,19 @@ class RunConfig(_Section):
     teacher_engine_port: Port = 30002
     metrics_port_base: Port = 9101
     """pairer, judge, teacher, dispatcher and trainer expose /metrics on this port and the four after it."""
-    judge_backend: Literal["engine", "rules"] = "rules"
-    """``rules`` on the CPU; ``engine`` judges with the teacher engine."""
+    judge_backend: str = "rules"
+    """``rules`` on the CPU; ``engine`` judges with the teacher engine; or a plugin's ``package.module:Class``."""
     run_dir: str = ""
     """Where each service's log goes; empty: ``<cache>/run/<timestamp>``."""
     startup_timeout_s: PositiveFloat = 600.0
     simulate: NonNegInt = 0
     """Simulated users to drive through the proxy (``turnstream simulate``); 0: none."""
+
+
+class PluginsConfig(_Section):
+    modules: list[str] = msgspec.field(default_factory=list)
+    """Modules imported as the config loads, before anything is validated against what they register (a new
+    dispatch mode); ``TURNSTREAM_PLUGINS_MODULES=my_lab.grpo,my_lab.judges``."""
 
 
 class MetricsConfig(_Section):
@@ -289,6 +319,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    plugins: PluginsConfig = msgspec.field(default_factory=PluginsConfig)
 
 
 SECTIONS: dict[str, type[_Section]] = {
@@ -299,7 +330,6 @@ SECTIONS: dict[str, type[_Section]] = {
 OPENCLAW_ALIASES: dict[str, tuple[str, str]] = {
     "OPENCLAW_COMBINE_W_OPD": ("trainer", "w_opd"),
     "OPENCLAW_COMBINE_W_RL": ("trainer", "w_rl"),
-    "TRAIN_EPOCHS": ("trainer", "train_epochs"),
     "KL_LOSS_COEF": ("trainer", "kl_coef"),
     "HF_CKPT": ("trainer", "hf_checkpoint"),
     "PRM_M": ("judge", "m"),
@@ -368,6 +398,10 @@ def _field_of(exc: msgspec.ValidationError) -> str:
     return msg[msg.rindex(marker) + len(marker) : -1] if marker in msg else ""
 
 
+def _origin(source: Mapping[str, str], field: str) -> str:
+    return f" ({source[field]})" if field in source else ""
+
+
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Build the validated config. ``path`` defaults to ``$TURNSTREAM_CONFIG``, then ``./turnstream.toml``."""
     env = os.environ if env is None else env
@@ -391,6 +425,19 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     env_data, env_source = _from_env(env)
     source.update(env_source)
     merged = _merge(file_data, env_data)
+    if env.get("TRAIN_EPOCHS", "1").strip() != "1":
+        raise ConfigError(
+            f"trainer ($TRAIN_EPOCHS={env['TRAIN_EPOCHS']}): turnstream trains each sample once, as it arrives;"
+            " unset TRAIN_EPOCHS"
+        )
+    modules = merged.get("plugins", {}).get("modules", [])
+    try:
+        import_modules("plugins.modules", modules if isinstance(modules, list) else [modules])
+    except PluginError as exc:
+        raise ConfigError(f"{exc}{_origin(source, 'plugins.modules')}") from None
+    mode = merged.get("dispatcher", {}).get("mode", DispatcherConfig.mode)
+    if mode in MODES:  # a mode's trainer defaults, under whatever the file or the environment set
+        merged["trainer"] = {**MODES[mode].trainer_defaults, **merged.get("trainer", {})}
     try:
         return msgspec.convert(merged, Config, strict=False)
     except msgspec.ValidationError as exc:

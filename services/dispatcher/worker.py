@@ -1,4 +1,4 @@
-"""``turnstream dispatcher --mode rl|opd|combine``: joins each turn's judgments and teacher scores and emits at
+"""``turnstream dispatcher --mode <mode>``: joins each turn's judgments and teacher scores and emits at
 most one ``Sample`` per turn to ``samples``.
 
 Inputs (``judgments``, ``teacher``) may arrive in any order, duplicated or redelivered; the join lives in Redis
@@ -15,19 +15,23 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
+from typing import cast
 
 import msgspec
 import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import Judgment, Sample, TeacherScores, Turn, decode, encode
+from schemas.modes import mode_spec
 from schemas.topics import JUDGMENTS, SAMPLES, TEACHER
 from services.bus import EventConsumer, EventProducer, Record, read_topic, serve
 from services.config import Config
 from services.dispatcher.join import JoinStore
-from services.dispatcher.rules import decide, needs, reward
+from services.dispatcher.rules import reward
 from services.majority import majority_vote
 from services.metrics import serve_metrics
+from services.plugins import load_function
 
 log = logging.getLogger("turnstream.dispatcher")
 
@@ -43,7 +47,8 @@ JOIN_LATENCY = Histogram(
 )
 OPEN_JOINS = Gauge("turnstream_dispatcher_open_joins", "Turns waiting for inputs")
 
-OPD_KINDS = frozenset({"opd", "opd+rl", "opd-only"})
+Decide = Callable[[str, int | None, bool, bool], str | None]
+"""The ``dispatcher.decide`` seam: ``(mode, eval_score, hint_accepted, session_has_effective_sample)``."""
 
 
 class TurnTokens(msgspec.Struct, frozen=True):
@@ -75,9 +80,14 @@ class Dispatcher:
         dc = config.dispatcher
         self.kafka = config.kafka
         self.mode = dc.mode
+        self.spec = mode_spec(dc.mode)
+        self.decide = cast(
+            Decide,
+            load_function("dispatcher.decide", dc.decide, ("mode", "eval_score", "hint", "has_sample")),
+        )
         self.judge_ids = list(dc.judge_ids)
         self.combine = dc.judge_combine
-        self.need_eval, self.need_hint = needs(dc.mode)
+        self.need_eval, self.need_hint = self.spec.needs_eval, self.spec.needs_hint
         self.timeout_s = dc.join_timeout_s
         self.sweep_interval_s = dc.sweep_interval_s
         self.lease_ms = int(dc.claim_lease_s * 1000)
@@ -160,12 +170,19 @@ class Dispatcher:
         score = self.eval_score(fields)
         chosen = self.hint_judge(fields) if self.need_hint else None
         has_sample = True
-        if self.mode == "rl" and not score:
+        if self.spec.at_least_one and not score:
             has_sample = await self.store.session_has_sample(tokens.session_id)
-        kind = decide(self.mode, score, chosen is not None, has_sample)
+        kind = self.decide(self.mode, score, chosen is not None, has_sample)
         if kind is None:
             return "none", None
-        teacher = decode(fields[f"teacher:{chosen}"], TeacherScores) if kind in OPD_KINDS and chosen else None
+        if kind not in self.spec.kinds:
+            log.error(
+                "dispatcher.decide chose a kind the mode does not emit",
+                extra={"turn_id": turn_id, "kind": kind, "mode": self.mode},
+            )
+            return "dropped:invalid_kind", None
+        wants_teacher = kind in self.spec.teacher_kinds
+        teacher = decode(fields[f"teacher:{chosen}"], TeacherScores) if wants_teacher and chosen else None
         try:
             return "emit", self.sample(turn_id, kind, score, tokens, teacher)
         except _Drop as drop:
@@ -202,8 +219,9 @@ class Dispatcher:
         if not t.prompt_token_ids:
             raise _Drop("empty_prompt", "the turn has no prompt tokens")
         teacher_lps = topk_ids = topk_lps = None
-        if kind in OPD_KINDS:
-            assert teacher is not None
+        if kind in self.spec.teacher_kinds:
+            if teacher is None:
+                raise _Drop("no_teacher", f"kind {kind!r} needs the teacher's scores of an accepted hint")
             if teacher.response_token_ids != t.response_token_ids:
                 raise _Drop("teacher_mismatch", "the teacher scored other tokens than the turn's response")
             teacher_lps, topk_ids, topk_lps = (
@@ -211,7 +229,7 @@ class Dispatcher:
                 teacher.topk_token_ids,
                 teacher.topk_logprobs,
             )
-        elif kind == "rl-only":
+        elif kind in self.spec.rollout_as_teacher_kinds:
             teacher_lps = list(t.response_logprobs)  # the OPD term is exactly zero
         try:
             return Sample(

@@ -1,19 +1,25 @@
-"""Where judge votes come from: an LLM behind the engine API (SGLang or turnstream's engine), or the rules.
+"""Where judge votes come from: an LLM behind the engine API (SGLang), the rules, or a plugin's class.
 
-A backend returns the judge's raw text for one vote or raises ``VoteFailed``. The engine backend retries
-transient failures until the vote's deadline (``engine_client.until_deadline``); a request the engine rejects
-(4xx) fails at once, since asking again would get the same answer.
+A backend returns the judge's raw text for one vote or raises ``VoteFailed``. ``judge.backend`` names one:
+``engine``, ``rules`` or ``package.module:Class``, a class built with the ``Config`` that has a ``model`` (the
+name recorded on judgments) and ``async vote(kind, paired, messages) -> str`` (docs/extending.md).
+
+The engine backend retries transient failures until the vote's deadline (``engine_client.until_deadline``); a
+request the engine rejects (4xx) fails at once, since asking again would get the same answer.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import inspect
+from typing import Any, Protocol, cast
 
 from prometheus_client import Counter
 
 from schemas import PairedTurn
+from services.config import Config
 from services.engine_client import DeadlineExceeded, EngineClient, EngineError, until_deadline
 from services.judge import rules
+from services.plugins import PluginError, check_call, load_class
 
 RETRIES = Counter(
     "turnstream_judge_engine_retries_total", "Judge engine calls retried after a transient failure"
@@ -29,8 +35,12 @@ class VoteFailed(Exception):
 
 class Backend(Protocol):
     model: str
+    """The judge's model name, recorded on every judgment."""
 
-    async def vote(self, kind: str, paired: PairedTurn, messages: list[dict[str, Any]]) -> str: ...
+    async def vote(self, kind: str, paired: PairedTurn, messages: list[dict[str, Any]]) -> str:
+        """The judge's text for one vote of ``kind`` (``eval`` or ``hint``) on ``paired``; ``messages`` is the
+        rendered prompt. Raises ``VoteFailed`` (transient: the engine was unavailable) when it has none."""
+        ...
 
 
 class RulesBackend:
@@ -94,3 +104,32 @@ def _content(data: Any) -> str:
     except (KeyError, IndexError, TypeError):
         raise VoteFailed(f"the judge engine answered without a message: {str(data)[:200]}", False) from None
     return str(message.get("content") or "")
+
+
+def from_config(config: Config, name: str | None = None) -> Backend:
+    """The backend ``name`` (default: ``judge.backend``) names, built from ``config``."""
+    jc = config.judge
+    name = name or jc.backend
+    if name == "rules":
+        return RulesBackend()
+    if name == "engine":
+        client = EngineClient(jc.engine_url, api_key=jc.api_key, timeout_s=jc.deadline_s, retries=0)
+        return EngineBackend(
+            client,
+            model=jc.model,
+            temperature=jc.temperature,
+            max_tokens=jc.max_tokens,
+            deadline_s=jc.deadline_s,
+        )
+    if ":" not in name:
+        raise PluginError(f"judge.backend: {name!r} is not engine, rules or a 'package.module:Class' path")
+    cls = load_class("judge.backend", name)
+    check_call("judge.backend", name, cls, ("config",))
+    backend = cls(config)
+    vote = getattr(backend, "vote", None)
+    if not inspect.iscoroutinefunction(vote):
+        raise PluginError(f"judge.backend: {name!r} has no 'async def vote(self, kind, paired, messages)'")
+    check_call("judge.backend", f"{name}.vote", vote, ("kind", "paired", "messages"))
+    if not isinstance(getattr(backend, "model", None), str):
+        raise PluginError(f"judge.backend: {name!r} has no 'model' string (recorded on judgments)")
+    return cast(Backend, backend)

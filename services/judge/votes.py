@@ -47,10 +47,24 @@ def parse_hint_vote(text: str) -> tuple[int | None, str]:
     return score, hints[-1].strip() if hints else ""
 
 
+def parse_vote(kind: str, text: str) -> tuple[int | None, str]:
+    """The default ``judge.vote_parser``: (score, hint) of one vote's text; an eval vote has no hint."""
+    if kind == "eval":
+        return parse_eval_vote(text), ""
+    return parse_hint_vote(text)
+
+
 def select_hint(votes: Sequence[tuple[int | None, str]]) -> str | None:
     """The longest stripped hint among votes scoring 1 whose hint is longer than 10 characters; else None."""
     candidates = [hint.strip() for score, hint in votes if score == 1 and len(hint.strip()) > MIN_HINT_CHARS]
     return max(candidates, key=len) if candidates else None
 
 
-__all__ = ["MIN_HINT_CHARS", "majority_vote", "parse_eval_vote", "parse_hint_vote", "select_hint"]
+__all__ = [
+    "MIN_HINT_CHARS",
+    "majority_vote",
+    "parse_eval_vote",
+    "parse_hint_vote",
+    "parse_vote",
+    "select_hint",
+]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -22,10 +23,11 @@ from schemas import Judgment, PairedTurn, Vote
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
 from services.bus import EventConsumer, EventProducer, Record, serve
 from services.config import Config
-from services.judge.backends import Backend, EngineBackend, RulesBackend, VoteFailed
+from services.judge.backends import Backend, EngineBackend, VoteFailed, from_config
 from services.judge.prompts import PromptSet
-from services.judge.votes import majority_vote, parse_eval_vote, parse_hint_vote, select_hint
+from services.judge.votes import majority_vote, parse_vote, select_hint
 from services.metrics import serve_metrics
+from services.plugins import load_function
 from services.recent import RecentKeys
 
 log = logging.getLogger("turnstream.judge")
@@ -53,6 +55,10 @@ TURN_SECONDS = Histogram(
 IN_FLIGHT = Gauge("turnstream_judge_calls_in_flight", "Engine calls running now", ["judge_id"])
 
 
+VoteParser = Callable[[str, str], tuple[int | None, str]]
+"""The ``judge.vote_parser`` seam: ``(kind, text) -> (score, hint)``; a score that cannot be read is None."""
+
+
 class JudgeUnavailable(RuntimeError):
     pass
 
@@ -68,12 +74,14 @@ class Judge:
         m: int = 1,
         max_concurrency: int = 8,
         eval_mode: bool = True,
+        parse: VoteParser = parse_vote,
     ) -> None:
         self.judge_id = judge_id
         self.backend = backend
         self.prompts = prompts
         self.producer = producer
         self.m = m
+        self.parse = parse
         self.kinds = ("eval", "hint") if eval_mode else ("hint",)
         self._slots = asyncio.Semaphore(max_concurrency)
         self._emitted = RecentKeys()
@@ -141,10 +149,12 @@ class Judge:
         if isinstance(result, VoteFailed):
             VOTES.labels(self.judge_id, kind, "failed").inc()
             return Vote(raw="", error=str(result))
-        if kind == "eval":
-            score, hint = parse_eval_vote(result), ""
-        else:
-            score, hint = parse_hint_vote(result)
+        score, hint = self.parse(kind, result)
+        if score not in (None, -1, 0, 1) or (kind == "hint" and score == 0) or not isinstance(hint, str):
+            VOTES.labels(self.judge_id, kind, "invalid").inc()
+            return Vote(
+                raw=result, error=f"judge.vote_parser returned ({score!r}, {hint!r}): not a {kind} vote"
+            )
         VOTES.labels(self.judge_id, kind, "valid" if score is not None else "invalid").inc()
         return Vote(raw=result, score=score, hint=hint)
 
@@ -171,25 +181,14 @@ class Judge:
         return f"{paired.turn_id}/{self.judge_id}/{kind}"
 
 
-def make_backend(config: Config) -> Backend:
-    jc = config.judge
-    if jc.backend == "rules":
-        return RulesBackend()
-    from services.engine_client import EngineClient
-
-    client = EngineClient(jc.engine_url, api_key=jc.api_key, timeout_s=jc.deadline_s, retries=0)
-    return EngineBackend(
-        client, model=jc.model, temperature=jc.temperature, max_tokens=jc.max_tokens, deadline_s=jc.deadline_s
-    )
-
-
 async def run_judge(
     config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop`` is set): the in-flight batch finishes and is committed."""
     jc = config.judge
     serve_metrics(config.metrics.port, config.metrics.host)
-    backend = make_backend(config)
+    backend = from_config(config)
+    parser = load_function("judge.vote_parser", jc.vote_parser, ("kind", "text"))
     if isinstance(backend, EngineBackend) and not backend.model:
         backend.model = await _served_model(backend) or jc.engine_url
     prompts = PromptSet.load(jc.prompts_dir or None, jc.max_state_chars)
@@ -206,6 +205,7 @@ async def run_judge(
         m=jc.m,
         max_concurrency=jc.max_concurrency,
         eval_mode=jc.eval_mode,
+        parse=parser,
     )
     log.info(
         "judge running",

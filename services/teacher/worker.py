@@ -30,7 +30,7 @@ from services.config import Config
 from services.engine_client import DeadlineExceeded, EngineClient, EngineError, ScoreResult, until_deadline
 from services.metrics import serve_metrics
 from services.recent import RecentKeys
-from services.teacher.enhance import as_request_messages, enhanced_messages
+from services.teacher.enhance import HINT_TEMPLATE, as_request_messages, enhanced_messages, load_template
 
 log = logging.getLogger("turnstream.teacher")
 
@@ -63,6 +63,7 @@ class Teacher:
         judge_ids: list[str] | None = None,
         deadline_s: float = 300.0,
         vocab_size: int | None = None,
+        hint_template: str = HINT_TEMPLATE,
     ) -> None:
         self.client = client
         self.tokenizer = tokenizer
@@ -74,6 +75,7 @@ class Teacher:
         self.dead_letter = dead_letter
         self.model = model
         self.top_k = top_k
+        self.hint_template = hint_template
         self.judge_ids = set(judge_ids or ())
         self.deadline_s = deadline_s
         self._slots = asyncio.Semaphore(max_concurrency)
@@ -163,7 +165,7 @@ class Teacher:
         """The enhanced prompt's token ids (a worker thread: long prompts take a while to tokenize)."""
         assert j.hint is not None
         turn = j.paired.turn
-        messages = as_request_messages(enhanced_messages(turn.messages, j.hint))
+        messages = as_request_messages(enhanced_messages(turn.messages, j.hint, self.hint_template))
         return render_prompt_ids(self.tokenizer, messages, turn.tools or None)
 
 
@@ -219,6 +221,7 @@ async def run_teacher(
         judge_ids=tc.judge_ids,
         deadline_s=tc.deadline_s,
         vocab_size=model_vocab_size(tokenizer_path),
+        hint_template=load_template(tc.hint_template or None),
     )
     log.info("teacher running", extra={"model": model, "tokenizer": tokenizer_path, "top_k": tc.top_k})
     try:

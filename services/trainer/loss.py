@@ -6,11 +6,42 @@ with an asymmetric clip optimizes both. ``old`` log-probs are the rollout log-pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import torch
 from torch import Tensor
 
-MODES = ("rl", "opd", "combine")
+from schemas.modes import UnknownMode, mode_spec
+from services.config import TrainerConfig
+from services.plugins import load_function
+
 _TAIL_FLOOR = 1e-6
+
+
+def rl_advantage(reward: float, old: Tensor, teacher: Tensor | None, settings: TrainerConfig) -> Tensor:
+    """The reward, broadcast over the response."""
+    return torch.full_like(old, float(reward))
+
+
+def opd_advantage(reward: float, old: Tensor, teacher: Tensor | None, settings: TrainerConfig) -> Tensor:
+    """``teacher - old``: the teacher's log-prob gap under the hint (a missing teacher counts as equal to old)."""
+    return (old if teacher is None else teacher) - old
+
+
+def combine_advantage(reward: float, old: Tensor, teacher: Tensor | None, settings: TrainerConfig) -> Tensor:
+    """``w_opd * (teacher - old) + w_rl * reward``."""
+    return settings.w_opd * opd_advantage(reward, old, teacher, settings) + settings.w_rl * float(reward)
+
+
+def mode_advantage(mode: str) -> Callable[[float, Tensor, Tensor | None, TrainerConfig], Tensor]:
+    """The per-sample advantage function the mode registry names for ``mode``."""
+    return cast(
+        Callable[[float, Tensor, Tensor | None, TrainerConfig], Tensor],
+        load_function(
+            f"mode {mode!r} advantage", mode_spec(mode).advantage, ("reward", "old", "teacher", "settings")
+        ),
+    )
 
 
 def sample_advantages(
@@ -22,18 +53,14 @@ def sample_advantages(
     w_opd: float = 1.0,
 ) -> Tensor:
     """Per-token advantages of one sample. rl: the reward broadcast; opd: ``teacher - old``; combine:
-    ``w_opd * (teacher - old) + w_rl * reward``. A missing teacher counts as equal to old. No gradient flows
-    through advantages."""
-    old = old_logprobs.detach()
-    if mode == "rl":
-        return torch.full_like(old, float(reward))
-    teacher = old if teacher_logprobs is None else teacher_logprobs.detach()
-    gap = teacher - old
-    if mode == "opd":
-        return gap
-    if mode == "combine":
-        return w_opd * gap + w_rl * float(reward)
-    raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    ``w_opd * (teacher - old) + w_rl * reward``; a plugin's mode: its registered function. A missing teacher
+    counts as equal to old. No gradient flows through advantages."""
+    try:
+        advantage = mode_advantage(mode)
+    except UnknownMode as exc:
+        raise ValueError(f"mode: {exc}") from None
+    teacher = None if teacher_logprobs is None else teacher_logprobs.detach()
+    return advantage(reward, old_logprobs.detach(), teacher, TrainerConfig(w_rl=w_rl, w_opd=w_opd))
 
 
 def ppo_clip_loss(

@@ -26,7 +26,7 @@ from services.trainer.model import (
 )
 from services.trainer.parallel import ParallelLayout, dtype_for, unshard
 from services.trainer.spec import ModelSpec
-from services.trainer.step import StepStats, train_step
+from services.trainer.step import StepStats, check_seams, train_step
 
 
 def _load(spec: ModelSpec, path: str | Path, dtype: torch.dtype, layout: ParallelLayout) -> Any:
@@ -66,6 +66,7 @@ class Policy:
         )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        check_seams(config)  # a plugin that does not fit fails here, before minutes of model loading
         layout = init_parallel(
             layout or ParallelLayout(tp=config.tensor_parallel, pp=config.pipeline_parallel)
         )

@@ -1,6 +1,7 @@
-"""One training step on a batch of samples: padded ``[B, S]`` micro-batches under a token budget, the PPO loss of
-``loss.py`` on the response tokens (plus the reference KL and top-K distillation terms when configured), gradients
-accumulated by Megatron's forward-backward schedule, one Megatron optimizer step.
+"""One training step on a batch of samples: the batch's advantages (the ``trainer.advantages`` seam), padded
+``[B, S]`` micro-batches under a token budget, the loss as the sum of the ``trainer.loss_terms`` (the PPO loss of
+``loss.py`` on the response tokens, plus the entropy, reference KL and top-K distillation terms when configured),
+gradients accumulated by Megatron's forward-backward schedule, one Megatron optimizer step.
 
 The same code runs for every parallel layout: each data-parallel rank trains its share of the batch, pipeline
 stages exchange activations through the schedule (whose micro-batches then all have one fixed shape, padded with
@@ -13,7 +14,7 @@ here is ``[B, S - 1]`` and indexed by the position of the token it scores.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -23,7 +24,9 @@ from torch import Tensor
 
 from schemas import Sample
 from services.config import TrainerConfig
-from services.trainer.loss import low_var_kl, ppo_clip_loss, sample_advantages, topk_distillation_loss
+from services.trainer import advantages as batch_advantages
+from services.trainer import terms as loss_terms
+from services.trainer.loss import low_var_kl, sample_advantages
 from services.trainer.parallel import ParallelLayout
 
 Forward = Callable[[Any, Tensor, Tensor], Tensor]
@@ -45,6 +48,8 @@ class StepStats(msgspec.Struct):
     kl: float | None = None
     """k3 KL(new || reference), when a reference model is configured."""
     topk_loss: float | None = None
+    terms: dict[str, float] = msgspec.field(default_factory=dict)
+    """The values of loss terms other than the built-in ones (``trainer.loss_terms``)."""
     applied: bool = True
     """False when the optimizer skipped the update (non-finite gradients)."""
 
@@ -79,9 +84,11 @@ def collate(
     *,
     rows: int | None = None,
     width: int | None = None,
+    advantages: Sequence[Tensor] | None = None,
 ) -> Collated:
     """Right-padded tensors of a list of samples, per-token tensors aligned to the token they score; ``rows`` and
-    ``width`` pad to a fixed shape (an empty row holds one token, attends to itself and counts nowhere)."""
+    ``width`` pad to a fixed shape (an empty row holds one token, attends to itself and counts nowhere).
+    ``advantages``: one per sample, from the batch-level seam (default: each sample's mode's formula)."""
     width = width or max(len(s.tokens) for s in samples)
     b = rows or len(samples)
     tokens = torch.zeros(b, width, dtype=torch.long)
@@ -108,13 +115,23 @@ def collate(
         mask = torch.tensor(s.loss_mask, dtype=torch.float32)
         loss_mask[i, span] = mask
         old[i, span] = old_lp
-        adv[i, span] = sample_advantages(s.mode, s.reward, old_lp, teacher, w_rl=w_rl, w_opd=w_opd)
+        if advantages is None:
+            adv[i, span] = sample_advantages(s.mode, s.reward, old_lp, teacher, w_rl=w_rl, w_opd=w_opd)
+        else:
+            adv[i, span] = advantages[i]
         if k and s.topk_token_ids and s.topk_logprobs and topk_ids is not None and topk_lp is not None:
             topk_ids[i, span] = torch.tensor([row[:k] for row in s.topk_token_ids])
             topk_lp[i, span] = torch.tensor([row[:k] for row in s.topk_logprobs], dtype=torch.float32)
             if topk_mask is not None:
                 topk_mask[i, span] = mask
     return Collated(tokens, attention, loss_mask, old, adv, real, topk_ids, topk_lp, topk_mask)
+
+
+def check_seams(settings: TrainerConfig) -> None:
+    """Load ``trainer.advantages`` and ``trainer.loss_terms`` now: a path that does not load or fit raises
+    ``PluginError`` at start-up rather than at the first step."""
+    batch_advantages.load(settings)
+    loss_terms.resolve(tuple(settings.loss_terms))
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -140,23 +157,27 @@ def micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]
     return groups
 
 
-def plan(samples: list[Sample], token_budget: int, settings: TrainerConfig, fixed: bool) -> list[Collated]:
+def plan(
+    samples: list[Sample],
+    token_budget: int,
+    settings: TrainerConfig,
+    fixed: bool,
+    advantages: dict[int, Tensor] | None = None,
+) -> list[Collated]:
     """The micro-batches of one rank. ``fixed`` (pipeline parallel): every micro-batch has the same rows and
-    width, as pipeline stages exchange activations of one shape."""
+    width, as pipeline stages exchange activations of one shape. ``advantages``: by ``id(sample)``, the batch's
+    (default: each sample's mode's formula)."""
+
+    def of(group: list[Sample], **shape: int) -> Collated:
+        adv = None if advantages is None else [advantages[id(s)] for s in group]
+        return collate(group, settings.w_rl, settings.w_opd, advantages=adv, **shape)
+
     if not fixed:
-        return [collate(g, settings.w_rl, settings.w_opd) for g in micro_batches(samples, token_budget)]
+        return [of(g) for g in micro_batches(samples, token_budget)]
     width = max(len(s.tokens) for s in samples)
     rows = max(1, min(len(samples), token_budget // width))
     ordered = sorted(samples, key=lambda s: len(s.tokens))
-    return [
-        collate(ordered[i : i + rows], settings.w_rl, settings.w_opd, rows=rows, width=width)
-        for i in range(0, len(ordered), rows)
-    ]
-
-
-def _per_sample(values: Tensor, mask: Tensor) -> Tensor:
-    """``[B, T]`` -> ``[B]`` masked token means (0 for a row without tokens)."""
-    return (values * mask).sum(-1) / torch.clamp(mask.sum(-1), min=1.0)
+    return [of(ordered[i : i + rows], rows=rows, width=width) for i in range(0, len(ordered), rows)]
 
 
 def micro_loss(
@@ -167,48 +188,28 @@ def micro_loss(
     topk_total: int,
     ref_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """This micro-batch's share of the step's loss: each sample's token mean, summed and divided by the number of
-    samples in the whole (rank-local) batch, so micro-batching never changes the update. Returns the loss and
-    detached sums for reporting."""
+    """This micro-batch's share of the step's loss: the sum of the configured terms (``terms.py``), each a sum of
+    per-sample token means divided by the number of samples in the whole (rank-local) batch, so micro-batching
+    never changes the update. Returns the loss and detached sums for reporting."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     new = logp.gather(-1, c.tokens[:, 1:, None]).squeeze(-1)
-    mask = c.loss_mask
-
-    def reduce(values: Tensor, m: Tensor = mask, n: int = total) -> Tensor:
-        return (_per_sample(values, m) * c.rows).sum() / n
-
-    per_token, clipped = ppo_clip_loss(
-        new, c.old_logprobs, c.advantages, settings.eps_clip, settings.eps_clip_high
-    )
-    pg = reduce(per_token)
-    loss = pg
-    if settings.entropy_coef:
-        entropy = reduce(-(logp.exp() * logp).sum(-1))
-        loss = loss - settings.entropy_coef * entropy
-    else:
-        with torch.no_grad():
-            entropy = reduce(-(logp.exp() * logp).sum(-1))
-    sums = {
-        "pg": pg.detach(),
-        "entropy": entropy.detach(),
-        "clipped": (clipped * mask).sum(),
-        "tokens": mask.sum(),
-        "kl_rollout": reduce(low_var_kl(new.detach(), c.old_logprobs)),
-    }
-    if ref_logprobs is not None:
-        kl = reduce(low_var_kl(new, ref_logprobs))
-        loss = loss + settings.kl_coef * kl
-        sums["kl"] = kl.detach()
-    if (
-        settings.topk_coef
-        and c.topk_ids is not None
-        and c.topk_logprobs is not None
-        and c.topk_mask is not None
-    ):
-        student = logp.gather(-1, c.topk_ids)
-        distill = reduce(topk_distillation_loss(student, c.topk_logprobs), c.topk_mask, topk_total)
-        loss = loss + settings.topk_coef * distill
-        sums["topk"] = distill.detach()
+    x = loss_terms.LossInputs(logp, new, c, settings, total, topk_total, ref_logprobs)
+    loss: Tensor | None = None
+    sums: dict[str, Tensor] = {}
+    for name, term in loss_terms.resolve(tuple(settings.loss_terms)):
+        result = term(x)
+        if result is None:
+            continue
+        coef, value = result
+        sums[name] = value.detach()
+        if coef:
+            part = value if coef == 1.0 else coef * value
+            loss = part if loss is None else loss + part
+    if loss is None:  # every term off for this micro-batch: a zero that still reaches every parameter
+        loss = (logits * 0.0).sum()
+    sums.update(x.counts)
+    sums["tokens"] = c.loss_mask.sum()
+    sums["kl_rollout"] = x.mean(low_var_kl(new.detach(), c.old_logprobs))
     sums["loss"] = loss.detach()
     return loss, sums
 
@@ -271,10 +272,13 @@ _MEANS = ("loss", "pg", "entropy", "kl_rollout", "kl", "topk")
 _COUNTS = ("clipped", "tokens", "has_kl", "has_topk")
 
 
-def _reduce_stats(outs: list[dict[str, Tensor]], layout: ParallelLayout) -> dict[str, float]:
+def _reduce_stats(
+    outs: list[dict[str, Tensor]], layout: ParallelLayout, extra: Sequence[str] = ()
+) -> dict[str, float]:
     """Sum the last stage's figures over micro-batches, then average over data-parallel ranks (TP ranks hold
-    copies); every rank gets the result."""
-    keys = _MEANS + _COUNTS
+    copies); every rank gets the result. ``extra``: the names of plugin loss terms, reported like means."""
+    means = _MEANS + tuple(extra)
+    keys = means + _COUNTS
     vec = torch.zeros(len(keys), dtype=torch.float64)
     for o in outs:
         for j, key in enumerate(keys):
@@ -289,8 +293,8 @@ def _reduce_stats(outs: list[dict[str, Tensor]], layout: ParallelLayout) -> dict
         moved = vec.to(device)
         dist.all_reduce(moved)
         vec = moved.cpu()
-        vec[: len(_MEANS)] /= layout.tp * layout.dp
-        vec[len(_MEANS) :] /= layout.tp
+        vec[: len(means)] /= layout.tp * layout.dp
+        vec[len(means) :] /= layout.tp
     return dict(zip(keys, vec.tolist(), strict=True))
 
 
@@ -312,8 +316,10 @@ def train_step(
 
     settings = settings or TrainerConfig()
     layout = layout or ParallelLayout()
+    advantages = batch_advantages.checked(batch_advantages.load(settings), samples, settings)
+    by_sample = {id(s): a for s, a in zip(samples, advantages, strict=True)}
     local = sorted(samples, key=lambda s: len(s.tokens))[layout.dp_rank :: layout.dp]
-    micro = plan(local, micro_batch_tokens, settings, fixed=layout.pp > 1)
+    micro = plan(local, micro_batch_tokens, settings, fixed=layout.pp > 1, advantages=by_sample)
     if torch.cuda.is_available():
         micro = [c.to(torch.device("cuda", torch.cuda.current_device())) for c in micro]
     total = len(local)
@@ -336,7 +342,8 @@ def train_step(
         model.finish_grad_sync()
     with cpu_allocations():
         applied, grad_norm, _ = optimizer.step()
-    figures = _reduce_stats(outs, layout)
+    extra = [n for n, _ in loss_terms.resolve(tuple(settings.loss_terms)) if n not in _MEANS]
+    figures = _reduce_stats(outs, layout, extra)
     rewards: dict[str, list[float]] = defaultdict(list)
     for s in samples:
         rewards[s.kind].append(s.reward)
@@ -353,5 +360,6 @@ def train_step(
         kl_rollout=figures["kl_rollout"],
         kl=figures["kl"] if figures["has_kl"] else None,
         topk_loss=figures["topk"] if figures["has_topk"] else None,
+        terms={n: figures[n] for n in extra},
         applied=bool(applied),
     )

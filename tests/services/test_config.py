@@ -42,13 +42,20 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
         ("SGLANG_API_KEY", "sk-x", "engine", "api_key", "sk-x"),
         ("OPENCLAW_EVAL_MODE", "0", "judge", "eval_mode", False),
         ("OPENCLAW_EVAL_MODE", "1", "judge", "eval_mode", True),
-        ("TRAIN_EPOCHS", "2", "trainer", "train_epochs", 2),
     ],
 )
 def test_openclaw_aliases(alias: str, value: str, section: str, field: str, expected: object) -> None:
     assert OPENCLAW_ALIASES[alias] == (section, field)
     c = load_config(env={alias: value})
     assert getattr(getattr(c, section), field) == expected
+
+
+def test_train_epochs_is_refused_unless_it_is_one() -> None:
+    """turnstream trains each sample once as it arrives; OpenClaw's TRAIN_EPOCHS other than 1 has no meaning here,
+    and saying so beats ignoring it."""
+    assert load_config(env={"TRAIN_EPOCHS": "1"}) == load_config(env={})
+    with pytest.raises(ConfigError, match=r"TRAIN_EPOCHS=2.*once"):
+        load_config(env={"TRAIN_EPOCHS": "2"})
 
 
 def test_turnstream_variable_wins_over_alias() -> None:
