@@ -9,8 +9,11 @@ from collections.abc import Sequence
 
 import msgspec
 
+from schemas.modes import MODES
 from services.config import Config, ConfigError, load_config
 from services.logs import setup_logging
+
+MODE_HELP = f"{', '.join(MODES)} or a mode registered by plugins.modules (default: dispatcher.mode)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     disp = sub.add_parser("dispatcher", help="joins judgments and teacher scores into samples (-> samples)")
-    disp.add_argument("--mode", help="rl, opd, combine or a plugin's mode (default: dispatcher.mode)")
+    disp.add_argument("--mode", help=MODE_HELP)
     disp.add_argument(
         "--judge-ids",
         type=lambda v: [j.strip() for j in v.split(",")],
@@ -149,7 +152,7 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     )
     derive.add_argument("--into", required=True, help="the new namespace (never the source's)")
     selection(derive)
-    derive.add_argument("--mode", help="rl, opd, combine or a plugin's mode (default: dispatcher.mode)")
+    derive.add_argument("--mode", help=MODE_HELP)
     derive.add_argument(
         "--judge-backend", help="engine, rules or package.module:Class (default: judge.backend)"
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 import msgspec
 import redis.asyncio as aioredis
 
+from schemas.modes import mode_spec
 from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED
 from services.bus import EventProducer, read_topic
 from services.config import Config
@@ -80,6 +81,7 @@ def derive_config(config: Config, opts: DeriveOptions) -> Config:
             judge = replace(judge, **{field: value})
     dispatcher = config.dispatcher
     if opts.mode is not None:
+        mode_spec(opts.mode)  # an unknown mode stops the replay here, naming the known ones
         dispatcher = replace(dispatcher, mode=opts.mode)
     if opts.judge_id is not None:
         dispatcher = replace(dispatcher, judge_ids=[opts.judge_id])
@@ -103,7 +105,7 @@ def derive_config(config: Config, opts: DeriveOptions) -> Config:
 def stages(replay: Config, config_path: str | None) -> list[Service]:
     """The services of the replay: one process each, configured through TURNSTREAM_* variables."""
     names = ["pairer", "judge", "dispatcher"]
-    if replay.dispatcher.mode != "rl":
+    if mode_spec(replay.dispatcher.mode).needs_hint:  # the teacher scores accepted hints
         names.insert(2, "teacher")
     base = free_port_block(len(names))
     j, t, d = replay.judge, replay.teacher, replay.dispatcher
@@ -135,7 +137,7 @@ def _groups(replay: Config) -> dict[str, tuple]:  # type: ignore[type-arg]
         replay.judge.group_id: (TURNS_PAIRED,),
         replay.dispatcher.group_id: (JUDGMENTS, TEACHER),
     }
-    if replay.dispatcher.mode != "rl":
+    if mode_spec(replay.dispatcher.mode).needs_hint:  # the teacher scores accepted hints
         groups[replay.teacher.group_id] = (JUDGMENTS,)
     return groups
 

@@ -5,6 +5,7 @@ is unchanged."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from services.config import Config, KafkaConfig, load_config
 from services.replay.derive import DeriveOptions, derive_config, stages
@@ -53,3 +54,8 @@ def test_rl_mode_runs_no_teacher_and_keeps_what_was_not_asked_to_change() -> Non
         replay, kafka=live.kafka, redis=live.redis, dispatcher=live.dispatcher
     )
     assert unchanged == live
+
+
+def test_an_unknown_mode_stops_the_replay_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match=r"'grpo-z' is not one of combine, opd, rl"):
+        derive_config(Config(), DeriveOptions(into="r3", mode="grpo-z"))
