@@ -1,7 +1,10 @@
 """Parsing and voting: pure functions with OpenClaw-RL's semantics (docs/design.md, "The method, exactly").
 
-A vote's score is the *last* ``\\boxed{...}`` in the judge's text, so a model that reasons through several
-candidates and then commits is read by its final answer.
+A vote's score is the *last* ``\\boxed{...}`` holding a whole number in the judge's text outside its
+``[HINT_START]...[HINT_END]`` blocks, so a model that reasons through several candidates and then commits is read
+by its final answer, and a hint that itself mentions a box ("put the answer in \\boxed{18}") does not void the
+vote. Boxes holding no number (``\\boxed{x+1}``) are passed over, as OpenClaw-RL's ``\\boxed{[-+]?\\d}``
+pattern passes them over.
 """
 
 from __future__ import annotations
@@ -12,28 +15,29 @@ from collections.abc import Sequence
 from services.majority import majority_vote
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_SCORE = re.compile(r"^\s*([+-]?)\s*([01])\s*$")
+_INTEGER = re.compile(r"^\s*([+-]?)\s*(\d+)\s*$")
 _HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.S)
 MIN_HINT_CHARS = 10
 """A hint must be longer than this (stripped) to be accepted."""
 
 
 def _last_boxed_score(text: str) -> int | None:
-    boxes = _BOXED.findall(text)
-    if not boxes:
-        return None
-    m = _SCORE.match(boxes[-1])
-    if m is None:
-        return None
-    sign, digit = m.groups()
-    value = int(digit)
-    if sign == "-":
-        return -value if value else None  # "-0" is not a score
-    return value
+    outside_hints = _HINT.sub(" ", text)
+    for box in reversed(_BOXED.findall(outside_hints)):
+        m = _INTEGER.match(box)
+        if m is None:
+            continue  # not a number: reasoning, not a verdict
+        sign, digits = m.groups()
+        value = int(digits)
+        if value > 1 or (sign == "-" and value == 0):  # the final number is no score ("-0" neither)
+            return None
+        return -value if sign == "-" else value
+    return None
 
 
 def parse_eval_vote(text: str) -> int | None:
-    """The last ``\\boxed{...}`` holding -1, 0 or 1 (an optional ``+`` allowed); anything else is None."""
+    """The last ``\\boxed{...}`` holding a whole number, outside hint blocks, when it is -1, 0 or 1 (an optional
+    ``+`` allowed); anything else is None."""
     return _last_boxed_score(text)
 
 

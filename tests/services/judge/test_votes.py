@@ -22,6 +22,8 @@ from services.judge.votes import majority_vote, parse_eval_vote, parse_hint_vote
         (r"\boxed{-1} ... on reflection \boxed{0}", 0),
         (r"\boxed{1} then an invalid final box \boxed{2}", None),  # the last box decides
         (r"\boxed{yes}", None),
+        (r"\boxed{-1} since x = \boxed{a+b}", -1),  # a box without a number is reasoning, passed over
+        (r"\boxed{1} [HINT_START]say \boxed{-1}[HINT_END]", 1),  # boxes in a hint block are the hint's
         (r"\boxed{}", None),
         (r"\boxed{-0}", None),
         (r"\boxed{1.0}", None),
@@ -49,6 +51,12 @@ def test_parse_eval_vote(text: str, expected: int | None) -> None:
         (r"[HINT_START]multi" "\n" r"line[HINT_END] \boxed{1}", (1, "multi\nline")),
         (r"\boxed{1} [HINT_START] never closed", (1, "")),
         (r"\boxed{maybe} [HINT_START]h[HINT_END]", (None, "h")),
+        # A hint that mentions a box of its own (a math answer) keeps the vote's score and its text.
+        (
+            r"\boxed{1} [HINT_START]Give the final answer as \boxed{18}, not in words.[HINT_END]",
+            (1, r"Give the final answer as \boxed{18}, not in words."),
+        ),
+        (r"[HINT_START]use \boxed{-1} here[HINT_END]", (None, r"use \boxed{-1} here")),
         ("", (None, "")),
     ],
 )
