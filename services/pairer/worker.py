@@ -14,6 +14,7 @@ may still hold the next turn of a session that looks idle by the clock.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -44,8 +45,17 @@ return 0
 """
 
 
-def _calls(m: Message) -> list[tuple[str, str]]:
-    return [(c.function.name, c.function.arguments) for c in m.tool_calls or ()]
+def _arguments(raw: str) -> object:
+    """Tool-call arguments as data: a client that re-serialises the JSON (other spacing, key order) sent the
+    same call. Arguments that are not JSON compare as text."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _calls(m: Message) -> list[tuple[str, object]]:
+    return [(c.function.name, _arguments(c.function.arguments)) for c in m.tool_calls or ()]
 
 
 def _text(m: Message) -> str:
@@ -106,6 +116,12 @@ class Pairer:
                 out.append(self._terminal(prev, "idle_timeout"))
             else:
                 state, misaligned = next_state(prev, turn)
+                if misaligned:  # counted in turnstream_pairer_pairs_total{kind="misaligned"}
+                    log.warning(
+                        "the next request's history does not hold the recorded response; paired with its last"
+                        " message",
+                        extra={"turn_id": prev.turn_id, "next_turn_id": turn.turn_id},
+                    )
                 out.append(
                     PairedTurn(turn=prev, next_state=state, paired_at=time.time(), misaligned=misaligned)
                 )

@@ -49,6 +49,21 @@ def test_reasoning_dropped_by_the_client_still_aligns() -> None:
     assert next_state(first, second) == ([thanks], False)
 
 
+def test_tool_arguments_re_serialised_by_the_client_still_align() -> None:
+    """A client that parses the recorded call and serialises it again (no spaces, other key order) sent it back
+    unchanged; a call with other arguments is another call."""
+    first = turn("s", 1, [U], CALLS)
+
+    def history(paris: str) -> Message:
+        c1 = ToolCall(id="c1", function=FunctionCall(name="weather", arguments=paris))
+        return msgspec.structs.replace(CALLS, tool_calls=[c1, CALLS.tool_calls[1]])  # type: ignore[index]
+
+    again = turn("s", 2, [U, history('{"city":"Paris"}'), T1, T2], Message(role="assistant", content="ok"))
+    assert next_state(first, again) == ([T1, T2], False)
+    other = turn("s", 2, [U, history('{"city": "Lyon"}'), T1, T2], Message(role="assistant", content="ok"))
+    assert next_state(first, other) == ([T2], True)
+
+
 def test_a_history_without_the_response_is_flagged_and_uses_the_last_message() -> None:
     first = turn("s", 1, [U], Message(role="assistant", content="It is sunny."))
     edited = Message(role="assistant", content="Something else entirely.")
