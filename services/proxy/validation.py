@@ -10,6 +10,7 @@ import msgspec
 from starlette.requests import Request
 
 from schemas import Message
+from services.chat_template import for_engine
 
 _json_decoder = msgspec.json.Decoder()
 
@@ -104,4 +105,5 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
     for name in _SAMPLING.keys() & body.keys():
         if body[name] is not None:
             _check_sampling(name, body[name])
+    body["messages"] = for_engine(messages)  # a developer message is a system message to the model
     return body

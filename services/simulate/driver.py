@@ -34,6 +34,11 @@ RESPONSES = Counter(
 )
 
 
+def user(text: str) -> dict[str, Any]:
+    """A user message as the OpenClaw app sends it: content as a list of OpenAI content parts."""
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
 class Observation(msgspec.Struct):
     session_id: str
     turn: int
@@ -179,7 +184,7 @@ class Simulator:
     async def session(self, http: httpx.AsyncClient, number: int) -> None:
         persona = self.personas[number % len(self.personas)]
         session_id = f"sim-{self.run_id}-{number}"
-        messages = [{"role": "user", "content": self.rng.choice(self.questions)}]
+        messages = [user(self.rng.choice(self.questions))]
         for turn in range(self.turns + 1):
             last = turn == self.turns
             data = await self._ask(http, session_id, messages, done=last)
@@ -206,7 +211,7 @@ class Simulator:
                 if ok
                 else persona.correction
             )
-            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": reply}]
+            messages += [{"role": "assistant", "content": text}, user(reply)]
         self.sessions += 1
 
     async def run(

@@ -129,3 +129,32 @@ def test_smollm2_template_renders_as_transformers_does(engine: EngineProcess, sm
     tok = AutoTokenizer.from_pretrained(smollm2_path)
     expected = tok.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True)["input_ids"]
     assert data["choices"][0]["prompt_token_ids"] == list(expected)
+
+
+# What clients send: content-part lists (the OpenClaw app), a developer message.
+PARTS = [
+    {"role": "developer", "content": "Answer tersely."},
+    {"role": "user", "content": [{"type": "text", "text": "Look at"}, {"type": "text", "text": "this:"}]},
+    {"role": "assistant", "content": "Which file?"},
+    {"role": "user", "content": [{"type": "text", "text": "the log,"}, {"type": "text", "text": "please"}]},
+]
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+def test_turnstream_renders_content_parts_and_developer_messages_as_the_engine_does(
+    engine: EngineProcess, smollm2_path: Path
+) -> None:
+    """The teacher, the proxy's re-tokenizer and replay import render prompts with ``render_prompt_ids``; the
+    engine renders what the proxy forwards (``for_engine``). They must agree token for token. An image sent to
+    a text-only model is refused by SGLang itself (400, which the proxy passes on): no such turn is recorded."""
+    from services.chat_template import for_engine, render_prompt_ids
+
+    forwarded = for_engine(PARTS)
+    assert [m["role"] for m in forwarded] == ["system", "user", "assistant", "user"]
+    data = _chat(engine, {"messages": forwarded, "max_tokens": 1, "return_prompt_token_ids": True}).json()
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    assert render_prompt_ids(tok, PARTS) == data["choices"][0]["prompt_token_ids"]
+    text = tok.decode(data["choices"][0]["prompt_token_ids"])
+    assert "system\nAnswer tersely." in text and "Look at this:" in text and "user\nthe log, please" in text
+    refused = _chat(engine, {"messages": [{"role": "user", "content": [IMAGE, PARTS[1]["content"][0]]}]})
+    assert refused.status_code == 400 and "only supports text" in refused.json()["message"]

@@ -15,7 +15,7 @@ import openai
 import psutil
 import pytest
 
-from schemas.topics import TURNS
+from schemas.topics import DEADLETTER, SAMPLES, TURNS
 from services.bus import read_topic
 from services.config import KafkaConfig, RedisConfig, load_config
 from services.launch import free_port, free_port_block
@@ -154,3 +154,13 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     assert (run_dir / "simulation" / "learning.png").read_bytes()[:4] == b"\x89PNG"
     recorded = [r.event.weight_version async for r in read_topic(kafka, TURNS)]
     assert min(recorded) == 0 and max(recorded) >= 2
+    # The simulated users send content-part lists, as the OpenClaw app does: the teacher renders them (it used to
+    # dead-letter every such hint, and the dispatcher then dropped the turn an hour later).
+    assert [r.event async for r in read_topic(kafka, DEADLETTER)] == []
+    listed = {
+        r.event.turn_id
+        async for r in read_topic(kafka, TURNS)
+        if any(isinstance(m.content, list) for m in r.event.messages)
+    }
+    distilled = [r.event async for r in read_topic(kafka, SAMPLES) if r.event.teacher_logprobs is not None]
+    assert any(s.sample_id in listed and s.kind in ("opd+rl", "opd-only") for s in distilled), distilled
