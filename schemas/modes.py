@@ -39,9 +39,9 @@ class ModeSpec(msgspec.Struct, frozen=True, kw_only=True):
     """``(reward: float, old: Tensor, teacher: Tensor | None, settings: TrainerConfig) -> Tensor``: per-token
     advantages of one sample from its reward, rollout log-probs and teacher log-probs (the default batch-level
     ``trainer.advantages`` calls it per sample)."""
-    trainer_defaults: dict[str, float | int | bool | str] = msgspec.field(default_factory=dict)
-    """Trainer settings this mode changes from the global defaults (e.g. the clip range); a value set in the
-    config file or the environment still wins."""
+    defaults: dict[str, float | int | bool | str] = msgspec.field(default_factory=dict)
+    """Settings this mode changes from the global defaults, as ``section.field`` (``trainer.eps_clip_high``,
+    ``judge.m``); a value set in the config file or the environment still wins."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -54,6 +54,10 @@ class ModeSpec(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"{field}: {sorted(extra)} are not kinds of mode {self.name!r}")
         if self.teacher_kinds and not self.needs_hint:
             raise ValueError(f"teacher_kinds: mode {self.name!r} uses the teacher, so it needs_hint")
+        for key in self.defaults:
+            section, dot, field = key.partition(".")
+            if not (section and dot and field) or "." in field:
+                raise ValueError(f"defaults: {key!r} is not a 'section.field' setting")
         for field in ("decide", "advantage"):
             if ":" not in getattr(self, field):
                 raise ValueError(f"{field}: {getattr(self, field)!r} is not a 'package.module:function' path")
@@ -66,6 +70,9 @@ class ModeSpec(msgspec.Struct, frozen=True, kw_only=True):
 _DISPATCHER = "services.dispatcher.rules"
 _LOSS = "services.trainer.loss"
 
+# The built-in modes' defaults are OpenClaw-RL's scripts' (openclaw-{rl,opd,combine}/run_qwen3_4b_*.sh): judge votes
+# per turn (PRM_M) 3 for rl, 1 otherwise; judge tokens (--prm-max-new-tokens) 4096 for rl, 8192 for opd and
+# combine; PPO clip 0.2 / 0.28, except opd, which sets no --eps-clip-high and so gets slime's symmetric 0.2 / 0.2.
 BUILTIN_MODES: Final[tuple[ModeSpec, ...]] = (
     ModeSpec(
         name="rl",
@@ -75,6 +82,7 @@ BUILTIN_MODES: Final[tuple[ModeSpec, ...]] = (
         at_least_one=True,
         decide=f"{_DISPATCHER}:decide_rl",
         advantage=f"{_LOSS}:rl_advantage",
+        defaults={"judge.m": 3, "judge.max_tokens": 4096},
     ),
     ModeSpec(
         name="opd",
@@ -85,6 +93,7 @@ BUILTIN_MODES: Final[tuple[ModeSpec, ...]] = (
         zero_reward_kinds=frozenset({"opd"}),
         decide=f"{_DISPATCHER}:decide_opd",
         advantage=f"{_LOSS}:opd_advantage",
+        defaults={"trainer.eps_clip_high": 0.2, "judge.max_tokens": 8192},
     ),
     ModeSpec(
         name="combine",
@@ -96,6 +105,7 @@ BUILTIN_MODES: Final[tuple[ModeSpec, ...]] = (
         zero_reward_kinds=frozenset({"opd-only"}),
         decide=f"{_DISPATCHER}:decide_combine",
         advantage=f"{_LOSS}:combine_advantage",
+        defaults={"judge.max_tokens": 8192},
     ),
 )
 

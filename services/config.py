@@ -153,9 +153,11 @@ class JudgeConfig(_Section):
     engine_url: str = "http://127.0.0.1:30001"
     model: str = ""
     m: PositiveInt = 1
-    """Eval votes and hint votes per turn (OpenClaw's PRM_M)."""
+    """Eval votes and hint votes per turn (OpenClaw's PRM_M; mode rl's default is 3, OpenClaw's)."""
     temperature: NonNegFloat = 0.6
     max_tokens: PositiveInt = 2048
+    """Tokens per judge answer (OpenClaw's PRM_MAX_NEW_TOKENS; the modes' defaults are OpenClaw's: rl 4096, opd and
+    combine 8192), enough for a reasoning judge to reach its verdict."""
     max_concurrency: PositiveInt = 8
     eval_mode: bool = True
     """Run eval votes (OpenClaw's OPENCLAW_EVAL_MODE); hint votes always run."""
@@ -321,6 +323,14 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     plugins: PluginsConfig = msgspec.field(default_factory=PluginsConfig)
 
+    def __post_init__(self) -> None:
+        spec = mode_spec(self.dispatcher.mode)
+        if spec.needs_eval and not spec.needs_hint and not self.judge.eval_mode:
+            raise ValueError(
+                f"judge.eval_mode: off, so no eval votes, and mode {spec.name!r} learns from nothing else; turn"
+                " eval_mode on (OPENCLAW_EVAL_MODE=1) or choose a mode that distills (opd, combine)"
+            )
+
 
 SECTIONS: dict[str, type[_Section]] = {
     name: field.type.cls
@@ -334,6 +344,7 @@ OPENCLAW_ALIASES: dict[str, tuple[str, str]] = {
     "HF_CKPT": ("trainer", "hf_checkpoint"),
     "PRM_M": ("judge", "m"),
     "PRM_TEMPERATURE": ("judge", "temperature"),
+    "PRM_MAX_NEW_TOKENS": ("judge", "max_tokens"),
     "OPENCLAW_EVAL_MODE": ("judge", "eval_mode"),
     "OPENCLAW_OPD_TEACHER_LP_MAX_CONCURRENCY": ("teacher", "max_concurrency"),
     "SGLANG_API_KEY": ("engine", "api_key"),
@@ -436,8 +447,13 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     except PluginError as exc:
         raise ConfigError(f"{exc}{_origin(source, 'plugins.modules')}") from None
     mode = merged.get("dispatcher", {}).get("mode", DispatcherConfig.mode)
-    if mode in MODES:  # a mode's trainer defaults, under whatever the file or the environment set
-        merged["trainer"] = {**MODES[mode].trainer_defaults, **merged.get("trainer", {})}
+    if mode in MODES:  # a mode's defaults, under whatever the file or the environment set
+        for key, value in MODES[mode].defaults.items():
+            section, _, field = key.partition(".")
+            values = merged.setdefault(section, {})
+            if isinstance(values, dict):
+                values.setdefault(field, value)
+                source.setdefault(key, f"mode {mode}'s default")
     try:
         return msgspec.convert(merged, Config, strict=False)
     except msgspec.ValidationError as exc:
@@ -448,6 +464,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         head, sep, tail = detail.partition(": ")
         if sep and "." not in field and field in SECTIONS and head in _field_kinds(SECTIONS[field]):
             field, detail = f"{field}.{head}", tail  # a section's own check names its field first
+        elif sep and not field and head.partition(".")[0] in SECTIONS:
+            field, detail = head, tail  # a check across sections (Config's) names its field first
         origin = source.get(field) or origin
         where = f" ({origin})" if origin else ""
         raise ConfigError(f"{field or 'config'}{where}: {detail}") from None

@@ -152,6 +152,24 @@ def test_every_service_runs_a_real_command_with_a_valid_configuration(default: d
     assert load_config(env=trainer_env).trainer.precision == "bf16", "no GPU: the trainer fails at start"
 
 
+def test_every_service_knows_the_mode_and_the_judge_takes_its_votes_from_it() -> None:
+    out = resolve(TURNSTREAM_MODE="rl")
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    configs = {
+        name: load_config(env={k: v for k, v in services[name]["environment"].items() if v is not None})
+        for name in OURS
+    }
+    assert {name: c.dispatcher.mode for name, c in configs.items()} == dict.fromkeys(OURS, "rl")
+    assert configs["judge"].judge.m == 3, "rl's PRM_M, OpenClaw's, when the host sets none"
+    assert (
+        json.loads(resolve(TURNSTREAM_MODE="rl", PRM_M="2").stdout)["services"]["judge"]["environment"][
+            "PRM_M"
+        ]
+        == "2"
+    )
+
+
 def test_sglang_is_pinned_to_the_tested_version_with_raw_logprobs_and_parsers() -> None:
     from services.engine.launch import SGLANG_VERSION
 

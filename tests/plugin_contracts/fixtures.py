@@ -145,7 +145,7 @@ STRICT_RL = register_mode(
         needs_hint=False,
         decide="tests.plugin_contracts.fixtures:decide_strict",
         advantage="tests.plugin_contracts.fixtures:doubled_reward",
-        trainer_defaults={"eps_clip_high": 0.2},
+        defaults={"trainer.eps_clip_high": 0.2},
     )
 )
 """rl without the at-least-one rule, and twice the reward as its advantage."""

@@ -59,7 +59,7 @@ def test_an_unknown_mode_is_refused_naming_the_known_ones() -> None:
         load_config(env={"TURNSTREAM_DISPATCHER_MODE": "grpo-x"})
 
 
-def test_a_plugin_mode_is_a_valid_choice_and_brings_its_trainer_defaults() -> None:
+def test_a_plugin_mode_is_a_valid_choice_and_brings_its_defaults() -> None:
     c = load_config(env={"TURNSTREAM_PLUGINS_MODULES": FIX, "TURNSTREAM_DISPATCHER_MODE": "rl-strict"})
     assert c.dispatcher.mode == "rl-strict" and c.trainer.eps_clip_high == 0.2
     c = load_config(

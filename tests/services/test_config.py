@@ -39,6 +39,7 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
         ("OPENCLAW_COMBINE_W_OPD", "0.5", "trainer", "w_opd", 0.5),
         ("OPENCLAW_COMBINE_W_RL", "2", "trainer", "w_rl", 2.0),
         ("PRM_M", "3", "judge", "m", 3),
+        ("PRM_MAX_NEW_TOKENS", "16384", "judge", "max_tokens", 16384),
         ("SGLANG_API_KEY", "sk-x", "engine", "api_key", "sk-x"),
         ("OPENCLAW_EVAL_MODE", "0", "judge", "eval_mode", False),
         ("OPENCLAW_EVAL_MODE", "1", "judge", "eval_mode", True),
@@ -145,3 +146,50 @@ def test_config_show_masks_every_secret() -> None:
     assert shown["proxy"]["api_key"] == shown["engine"]["api_key"] == shown["kafka"]["sasl_password"] == "***"
     assert shown["redis"]["url"] == "redis://worker:***@cache.internal:6380/2"
     assert shown["teacher"]["api_key"] is None  # unset stays visible as unset
+
+
+@pytest.mark.parametrize(
+    ("mode", "m", "max_tokens", "eps_clip_high"),
+    [("rl", 3, 4096, 0.28), ("opd", 1, 8192, 0.2), ("combine", 1, 8192, 0.28)],
+)
+def test_each_mode_brings_openclaws_settings(
+    mode: str, m: int, max_tokens: int, eps_clip_high: float
+) -> None:
+    """OpenClaw-RL's scripts per mode: PRM_M, --prm-max-new-tokens and the clip range (opd: symmetric)."""
+    c = load_config(env={"TURNSTREAM_DISPATCHER_MODE": mode})
+    assert (c.judge.m, c.judge.max_tokens, c.trainer.eps_clip, c.trainer.eps_clip_high) == (
+        m,
+        max_tokens,
+        0.2,
+        eps_clip_high,
+    )
+    mine = load_config(
+        env={"TURNSTREAM_DISPATCHER_MODE": mode, "PRM_M": "5", "TURNSTREAM_TRAINER_EPS_CLIP_HIGH": "0.3"}
+    )
+    assert (mine.judge.m, mine.trainer.eps_clip_high) == (5, 0.3), "what the user sets wins"
+
+
+def test_a_mode_default_that_is_no_setting_is_refused() -> None:
+    from schemas import ModeSpec
+
+    with pytest.raises(ValueError, match=r"defaults: 'eps_clip_high' is not a 'section.field' setting"):
+        ModeSpec(
+            name="x",
+            kinds=frozenset({"x"}),
+            needs_eval=True,
+            needs_hint=False,
+            decide="a:b",
+            advantage="a:b",
+            defaults={"eps_clip_high": 0.2},
+        )
+
+
+def test_settings_that_cannot_work_together_are_refused_naming_the_field() -> None:
+    """Without eval votes rl has no reward: refused at start, not discovered an hour later as dropped turns."""
+    with pytest.raises(
+        ConfigError, match=r"^judge\.eval_mode \(\$OPENCLAW_EVAL_MODE\): off, so no eval votes, and mode 'rl'"
+    ):
+        load_config(env={"OPENCLAW_EVAL_MODE": "0", "TURNSTREAM_DISPATCHER_MODE": "rl"})
+    assert load_config(env={"OPENCLAW_EVAL_MODE": "0"}).dispatcher.mode == "combine", (
+        "combine degrades to opd"
+    )
