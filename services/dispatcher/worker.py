@@ -87,7 +87,10 @@ class Dispatcher:
         )
         self.judge_ids = list(dc.judge_ids)
         self.combine = dc.judge_combine
-        self.need_eval, self.need_hint = self.spec.needs_eval, self.spec.needs_hint
+        # Without eval votes (judge.eval_mode off, OpenClaw's OPENCLAW_EVAL_MODE=0) a mode that also distills
+        # waits for none and decides as if every eval were 0: combine degrades to opd-only, as OpenClaw's does.
+        self.need_eval = self.spec.needs_eval and config.judge.eval_mode
+        self.need_hint = self.spec.needs_hint
         self.timeout_s = dc.join_timeout_s
         self.sweep_interval_s = dc.sweep_interval_s
         self.lease_ms = int(dc.claim_lease_s * 1000)

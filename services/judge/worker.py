@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import Judgment, PairedTurn, Vote
+from schemas.modes import mode_spec
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
 from services.bus import EventConsumer, EventProducer, Record, serve
 from services.config import Config
@@ -73,7 +74,7 @@ class Judge:
         *,
         m: int = 1,
         max_concurrency: int = 8,
-        eval_mode: bool = True,
+        kinds: Sequence[str] = ("eval", "hint"),
         parse: VoteParser = parse_vote,
     ) -> None:
         self.judge_id = judge_id
@@ -82,7 +83,8 @@ class Judge:
         self.producer = producer
         self.m = m
         self.parse = parse
-        self.kinds = ("eval", "hint") if eval_mode else ("hint",)
+        self.kinds = tuple(kinds)
+        """The judgment kinds this judge emits: what the dispatch mode waits for (``judgment_kinds``)."""
         self._slots = asyncio.Semaphore(max_concurrency)
         self._emitted = RecentKeys()
         """Judgment keys this process already emitted: a retried batch does not judge those turns again."""
@@ -181,6 +183,14 @@ class Judge:
         return f"{paired.turn_id}/{self.judge_id}/{kind}"
 
 
+def judgment_kinds(config: Config) -> tuple[str, ...]:
+    """The kinds the dispatch mode needs: eval when it needs a reward (and ``judge.eval_mode`` is on), hint when
+    it distills (rl never pays for hint votes, opd never for eval votes)."""
+    spec = mode_spec(config.dispatcher.mode)
+    wanted = (("eval", spec.needs_eval and config.judge.eval_mode), ("hint", spec.needs_hint))
+    return tuple(kind for kind, needed in wanted if needed)
+
+
 async def run_judge(
     config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
 ) -> None:
@@ -204,12 +214,18 @@ async def run_judge(
         producer,
         m=jc.m,
         max_concurrency=jc.max_concurrency,
-        eval_mode=jc.eval_mode,
+        kinds=judgment_kinds(config),
         parse=parser,
     )
     log.info(
         "judge running",
-        extra={"judge_id": jc.judge_id, "backend": jc.backend, "model": backend.model, "m": jc.m},
+        extra={
+            "judge_id": jc.judge_id,
+            "backend": jc.backend,
+            "model": backend.model,
+            "m": jc.m,
+            "kinds": judge.kinds,
+        },
     )
     try:
         await serve(consumer, judge.handle, install_signals=install_signals, stop=stop)

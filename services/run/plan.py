@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from schemas.modes import mode_spec
 from services.config import Config
 from services.supervisor import Service
 
@@ -58,10 +59,11 @@ def plan(
         ),
         worker("pairer", ["pairer"]),
         worker("judge", judge_args),
-        worker("teacher", ["teacher", "--engine-url", teacher_url]),
         worker("dispatcher", ["dispatcher"]),
         worker("trainer", ["trainer", "--hf-checkpoint", model]),
     ]
+    if mode_spec(config.dispatcher.mode).needs_hint:  # rl scores no hints: no teacher worker
+        services.insert(-2, worker("teacher", ["teacher", "--engine-url", teacher_url]))
     if rc.simulate:  # after everything else is up: users arrive once the pipeline can learn from them
         proxy_url = f"http://127.0.0.1:{config.proxy.port}/v1"
         out = str(Path(run_dir or ".") / "simulation")

@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections import Counter
 
+import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
@@ -99,6 +100,19 @@ async def test_rl_at_least_one_sample_per_session(kafka: KafkaConfig, redis_conf
     samples = await run_for(dispatcher_config(kafka, redis_config, mode="rl"), 2)
     assert sorted((s.session_id, s.reward) for s in samples) == [("lively", 1.0), ("quiet", 0.0)]
     assert next(s for s in samples if s.session_id == "quiet").sample_id == quiet[0].turn_id
+
+
+async def test_combine_without_eval_votes_is_opd_only(kafka: KafkaConfig, redis_config: RedisConfig) -> None:
+    """judge.eval_mode off (OpenClaw's OPENCLAW_EVAL_MODE=0): no eval judgment ever comes, so the dispatcher must
+    not wait for one (it used to, and dropped every turn after the join timeout); OpenClaw degrades to OPD."""
+    accepted, rejected = turn(1, "e1"), turn(2, "e2")
+    await publish(
+        kafka, [hint_judgment(accepted, True), teacher_scores(accepted), hint_judgment(rejected, False)]
+    )
+    config = dispatcher_config(kafka, redis_config, mode="combine", join_timeout_s=3600)
+    config = msgspec.structs.replace(config, judge=msgspec.structs.replace(config.judge, eval_mode=False))
+    samples = await run_for(config, 1)
+    assert [(s.sample_id, s.kind, s.reward) for s in samples] == [(accepted.turn_id, "opd-only", 0.0)]
 
 
 async def test_several_judges_by_majority(kafka: KafkaConfig, redis_config: RedisConfig) -> None:

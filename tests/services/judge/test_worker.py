@@ -193,3 +193,26 @@ async def test_the_engine_backend_judges_through_the_real_sglang_server(
     for j in found:
         for v in j.votes:
             assert v.error is None and v.raw, f"SGLang refused or failed a vote: {v.error}"
+
+
+def test_a_judge_votes_only_the_kinds_its_mode_needs() -> None:
+    from services.judge.worker import judgment_kinds
+
+    def kinds(mode: str, eval_mode: bool = True) -> tuple[str, ...]:
+        config = Config()
+        config.dispatcher.mode, config.judge.eval_mode = mode, eval_mode
+        return judgment_kinds(config)
+
+    assert [kinds("rl"), kinds("opd"), kinds("combine")] == [("eval",), ("hint",), ("eval", "hint")]
+    assert kinds("combine", eval_mode=False) == ("hint",)
+
+
+async def test_in_rl_mode_no_hint_is_voted(kafka: KafkaConfig) -> None:
+    pairs = make_pairs(6)
+    await publish(kafka, pairs)
+    config = judge_config(kafka, judge_id="rl", backend="rules", m=2)
+    config.dispatcher.mode = "rl"
+    want = {k for k in expected_keys(pairs, ["rl"]) if k.endswith("/eval")}
+    await run_until(config, lambda js: keys(js) >= want)
+    await asyncio.sleep(1.0)  # a hint judgment would have been produced with its turn's eval
+    assert keys(await wait_for_judgments(kafka, lambda js: True)) == want

@@ -57,3 +57,10 @@ def test_engine_judge_and_ports_follow_the_configuration() -> None:
     assert by["judge"].args == ["judge", "--backend", "engine", "--engine-url", "http://127.0.0.1:30002"]
     assert by["proxy"].args[-1] == "http://127.0.0.1:31000" and by["proxy"].port == 8100
     assert by["trainer"].port == 9504 and by["engine"].args[0] == "engine"
+
+
+def test_rl_runs_no_teacher_worker() -> None:
+    from services.config import load_config
+
+    names = [s.name for s in plan(load_config(env={"TURNSTREAM_DISPATCHER_MODE": "rl"}), "/m")]
+    assert "teacher" not in names and "teacher-engine" in names, "the engine still serves the judge"
