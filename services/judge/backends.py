@@ -24,6 +24,11 @@ from services.plugins import PluginError, check_call, load_class
 RETRIES = Counter(
     "turnstream_judge_engine_retries_total", "Judge engine calls retried after a transient failure"
 )
+TRUNCATED = Counter(
+    "turnstream_judge_truncated_total",
+    "Judge answers cut off at judge.max_tokens (finish_reason length): raise it for a reasoning judge",
+    ["kind"],
+)
 
 
 class VoteFailed(Exception):
@@ -92,18 +97,30 @@ class EngineBackend:
             raise VoteFailed(str(exc), transient=True) from None
         except EngineError as exc:
             raise VoteFailed(str(exc), transient=False) from None
-        return _content(data)
+        text, finish = _content(data)
+        if finish == "length":
+            TRUNCATED.labels(kind).inc()
+        return text
 
     def _count_retry(self, _: EngineError) -> None:
         RETRIES.inc()
 
 
-def _content(data: Any) -> str:
+def _content(data: Any) -> tuple[str, str | None]:
+    """(the vote's text, finish reason). A reasoning judge (SGLang with a reasoning parser) may give its verdict
+    only inside its reasoning, or run out of tokens before answering: when the answer holds no box, the text is
+    the reasoning followed by the answer, so the parser finds the last verdict there."""
     try:
-        message = data["choices"][0]["message"]
+        choice = data["choices"][0]
+        message = choice["message"]
     except (KeyError, IndexError, TypeError):
         raise VoteFailed(f"the judge engine answered without a message: {str(data)[:200]}", False) from None
-    return str(message.get("content") or "")
+    content = str(message.get("content") or "")
+    reasoning = message.get("reasoning_content")
+    if reasoning and "\\boxed{" not in content:
+        content = f"{reasoning}\n\n{content}" if content else str(reasoning)
+    finish = choice.get("finish_reason")
+    return content, finish if isinstance(finish, str) else None
 
 
 def from_config(config: Config, name: str | None = None) -> Backend:
