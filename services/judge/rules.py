@@ -1,8 +1,9 @@
 """The deterministic ``rules`` judge backend (tests, CPU demos): keyword rules over the next state, answered in
 the same text format an LLM judge uses, so that parsing and voting are exercised exactly as in production.
 
-- eval: a tool result that looks like an error, or a user message asking for a redo or correcting the assistant,
-  is -1; thanks or a successful tool result is +1; anything else 0.
+- eval: a tool result that looks like an error, or a user message asking for a redo, correcting the assistant or
+  asking it to change what it did (a change request is negative feedback, never a neutral new instruction), is
+  -1; thanks or a successful tool result is +1; anything else 0.
 - hint: a user correction is +1 with the correction itself as the hint; anything else -1.
 """
 
@@ -23,7 +24,8 @@ _REDO = re.compile(
 )
 _CORRECTION = re.compile(
     r"(^\s*no\b|\bwrong\b|\bincorrect\b|\bthat'?s not\b|\bactually\b|\binstead\b|\bi (said|meant|asked)\b|"
-    r"\bshould (have|be|use|not)\b|\bdon'?t\b|\bplease (use|make|keep|write|answer)\b)",
+    r"\bshould (have|be|use|not)\b|\bdon'?t\b|\bplease (use|make|keep|write|answer|change|fix)\b|"
+    r"\bchange\b.{0,60}\bto\b|\bnot that\b|\bmake it (shorter|longer|simpler|clearer)\b)",
     re.I,
 )
 _TOOL_ERROR = re.compile(

@@ -32,6 +32,11 @@ def tool(text: str) -> Message:
         ([user("Please try again.")], -1),
         ([user("Actually I meant the capital of Norway.")], -1),
         ([user("What about tomorrow?")], 0),
+        # A change request is negative feedback, not a neutral new instruction (OpenClaw-RL's judge says so).
+        ([user("Change the title to 'Q3 report'.")], -1),
+        ([user("Make it shorter.")], -1),
+        ([user("Not that, the other file.")], -1),
+        ([user("Please fix the indentation.")], -1),
         ([tool('{"temp": 4}')], 1),
         ([tool("Traceback (most recent call last): KeyError")], -1),
         ([tool("file not found")], -1),
