@@ -3,15 +3,18 @@
 ``turns``: each line is a ``Turn`` exactly as on the ``turns`` topic (token ids, log-probs, weight version):
 lossless, so an export imported elsewhere re-derives to the same samples.
 
-``openclaw``: OpenClaw-RL's record, one JSON object per turn with ``session_id``, ``turn``, ``messages`` (the
-request), ``prompt_text`` (the prompt as the model saw it, chat template applied), ``response_text``,
-``tool_calls`` and ``next_state`` (the text of what followed the response: the user's next message or the tool
-results; null when the session ended there). It carries no token ids or log-probs, so importing it means
-tokenizing again and scoring the responses with the current policy.
+``openclaw``: OpenClaw-RL's record (what its proxy writes with ``OPENCLAW_RECORD_ENABLED=1``), one JSON object
+per turn with ``session_id``, ``turn``, ``timestamp``, ``messages`` (the request), ``prompt_text`` (the prompt as
+the model saw it, chat template applied), ``response_text`` (the response as the model generated it, decoded
+with its special tokens: it ends with the template's end token, e.g. ``<|im_end|>``), ``tool_calls`` and
+``next_state`` (the next message, an object with its role, or null when the session ended there; a string, as
+turnstream's export wrote before, is read as a user message). It carries no token ids or log-probs, so importing
+it means tokenizing again and scoring the responses with the current policy.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 import msgspec
@@ -28,7 +31,8 @@ class OpenClawRecord(msgspec.Struct, kw_only=True, omit_defaults=False):
     prompt_text: str = ""
     response_text: str = ""
     tool_calls: list[ToolCall] | None = None
-    next_state: str | None = None
+    next_state: Message | str | None = None
+    timestamp: str | None = None
 
 
 class BadLine(ValueError):
@@ -37,16 +41,21 @@ class BadLine(ValueError):
         self.number = number
 
 
-def to_openclaw(turn: Turn, paired: PairedTurn | None, prompt_text: str) -> OpenClawRecord:
+def to_openclaw(
+    turn: Turn, paired: PairedTurn | None, prompt_text: str, response_text: str
+) -> OpenClawRecord:
+    """The record OpenClaw-RL's proxy would have written: the next state is the next request's last message (one
+    message, as OpenClaw keeps it)."""
     state = paired.next_state if paired is not None else None
     return OpenClawRecord(
         session_id=turn.session_id,
         turn=turn.turn_index,
         messages=turn.messages,
         prompt_text=prompt_text,
-        response_text=turn.response.text,
+        response_text=response_text,
         tool_calls=turn.response.tool_calls,
-        next_state=None if state is None else "\n".join(m.text for m in state),
+        next_state=state[-1] if state else None,
+        timestamp=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(turn.completed_at)),
     )
 
 

@@ -54,8 +54,15 @@ async def export_sessions(
                 if fmt == "turns":
                     fh.write(encode_line(turn))
                 else:
-                    prompt_text = tokenizer.decode(turn.prompt_token_ids) if tokenizer is not None else ""
-                    fh.write(encode_line(to_openclaw(turn, paired.get(turn.turn_id), prompt_text)))
+                    prompt = tokenizer.decode(turn.prompt_token_ids) if tokenizer is not None else ""
+                    # As the model generated it, end token included, as OpenClaw-RL writes it.
+                    response = (
+                        tokenizer.decode(turn.response_token_ids)
+                        if tokenizer is not None
+                        else turn.response.text
+                    )
+                    record = to_openclaw(turn, paired.get(turn.turn_id), prompt, response)
+                    fh.write(encode_line(record))
         tmp.replace(out)  # a reader never sees half a file
 
     await asyncio.to_thread(write)
@@ -112,6 +119,20 @@ async def import_sessions(
     )
 
 
+def generated_ids(tokenizer: Any, response_text: str, eos: int | None) -> tuple[list[int], str]:
+    """(the token ids the model generated, the response's text). OpenClaw-RL writes the response as the template
+    renders it, end token included (``Paris.<|im_end|>`` and the template's newline after it): the ids run up to
+    and including the first end token, and the text stops before it. A response without one (turnstream's
+    export before it wrote the end token) gets it appended: the model stopped there."""
+    ids = list(tokenizer(response_text, add_special_tokens=False).input_ids)
+    if eos is None:
+        return ids, response_text
+    if eos in ids:
+        end = ids.index(eos)
+        return ids[: end + 1], tokenizer.decode(ids[:end])
+    return [*ids, int(eos)], response_text
+
+
 async def _rescore(records: list[OpenClawRecord], engine: EngineClient, tokenizer: Any) -> list[Turn]:
     info = await engine.model_info()
     version = str(info.get("weight_version", ""))
@@ -126,9 +147,7 @@ async def _rescore(records: list[OpenClawRecord], engine: EngineClient, tokenize
         for index, r in enumerate(rows, 1):
             messages = [msgspec.to_builtins(m) for m in r.messages]
             prompt = await asyncio.to_thread(render_prompt_ids, tokenizer, messages, None)
-            response = list(tokenizer(r.response_text, add_special_tokens=False).input_ids)
-            if eos is not None:
-                response.append(int(eos))
+            response, content = generated_ids(tokenizer, r.response_text, eos)
             scored = await engine.score(prompt, response)
             now = time.time()
             out.append(
@@ -137,7 +156,7 @@ async def _rescore(records: list[OpenClawRecord], engine: EngineClient, tokenize
                     session_id=sid,
                     turn_index=index,
                     messages=r.messages,
-                    response=Message(role="assistant", content=r.response_text, tool_calls=r.tool_calls),
+                    response=Message(role="assistant", content=content, tool_calls=r.tool_calls),
                     prompt_token_ids=prompt,
                     response_token_ids=response,
                     response_logprobs=scored.logprobs,
@@ -154,4 +173,12 @@ async def _rescore(records: list[OpenClawRecord], engine: EngineClient, tokenize
     return out
 
 
-__all__ = ["BadLine", "ExportSummary", "ImportRefused", "ImportSummary", "export_sessions", "import_sessions"]
+__all__ = [
+    "BadLine",
+    "ExportSummary",
+    "ImportRefused",
+    "ImportSummary",
+    "export_sessions",
+    "generated_ids",
+    "import_sessions",
+]

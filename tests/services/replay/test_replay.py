@@ -167,6 +167,7 @@ async def test_openclaw_export_and_import_through_the_policy_engine(
     assert set(rows[0]) == {
         "session_id",
         "turn",
+        "timestamp",
         "messages",
         "prompt_text",
         "response_text",
@@ -174,19 +175,32 @@ async def test_openclaw_export_and_import_through_the_policy_engine(
         "next_state",
     }
     assert rows[0]["prompt_text"] == tok.decode(prompt) and "Eiffel" in rows[0]["prompt_text"]
-    assert rows[0]["response_text"] == "In Paris." and rows[0]["next_state"] == "And Oslo?"
+    assert rows[0]["response_text"] == tok.decode(t1.response_token_ids), (
+        "as generated, special tokens and all"
+    )
+    assert rows[0]["next_state"] == {"role": "user", "content": "And Oslo?"}, "OpenClaw's shape: the message"
     assert rows[1]["tool_calls"][0]["function"]["name"] == "search" and rows[1]["next_state"] is None
 
-    # Foreign records (0-based turns, no token data) become turns of the current policy, scored by the engine.
+    # What OpenClaw-RL's proxy writes (OPENCLAW_RECORD_ENABLED=1): three turns, the next state as the next message
+    # (an object) and null for the last, the response as the template renders it, end token and newline included;
+    # and one record as turnstream's export wrote it before (next state a string, no end token). They become
+    # turns of the current policy, the response ids exactly the tokens the model generated, scored by the engine.
+    history = [*messages, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "Thanks"}]
     foreign = tmp_path / "foreign.jsonl"
     foreign.write_text(
         "\n".join(
             json.dumps(x)
             for x in [
-                {"session_id": "f", "turn": 1, "messages": [*messages, {"role": "assistant", "content": "Paris."},
-                 {"role": "user", "content": "Thanks"}], "prompt_text": "", "response_text": "You're welcome!",
-                 "tool_calls": None, "next_state": None},
-                {"session_id": "f", "turn": 0, "messages": messages, "prompt_text": "", "response_text": "Paris.",
+                {"session_id": "f", "turn": 1, "timestamp": "2026-11-30 10:00:00", "messages": messages,
+                 "prompt_text": tok.decode(prompt), "response_text": "Paris.<|im_end|>\n", "tool_calls": None,
+                 "next_state": {"role": "user", "content": "Thanks"}},
+                {"session_id": "f", "turn": 3, "timestamp": "2026-11-30 10:00:09", "messages": [*history,
+                 {"role": "assistant", "content": "You're welcome!"}, {"role": "user", "content": "Bye"}],
+                 "prompt_text": "", "response_text": "Goodbye!<|im_end|>\n", "tool_calls": None, "next_state": None},
+                {"session_id": "f", "turn": 2, "timestamp": "2026-11-30 10:00:05", "messages": history,
+                 "prompt_text": "", "response_text": "You're welcome!<|im_end|>\n", "tool_calls": None,
+                 "next_state": {"role": "user", "content": "Bye"}},
+                {"session_id": "old", "turn": 0, "messages": messages, "prompt_text": "", "response_text": "Paris.",
                  "tool_calls": None, "next_state": "Thanks"},
             ]
         )
@@ -195,17 +209,22 @@ async def test_openclaw_export_and_import_through_the_policy_engine(
     r = cli("import", "--input", str(foreign), "--into", target.namespace, "--engine-url", engine.url,
             kafka=kafka, redis=redis_config)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["rescored"] == 2
-    got = {t.turn_index: t for t in await turns_of(target)}
-    assert sorted(got) == [1, 2] and got[1].response.content == "Paris." and got[2].session_done
-    assert not got[1].session_done
+    assert json.loads(r.stdout)["rescored"] == 4
+    imported = await turns_of(target)
+    got = {t.turn_index: t for t in imported if t.session_id == "f"}
+    assert sorted(got) == [1, 2, 3] and got[3].session_done and not got[1].session_done
+    assert [got[i].response.content for i in (1, 2, 3)] == ["Paris.", "You're welcome!", "Goodbye!"]
     assert got[1].prompt_token_ids == prompt and got[1].token_source == "retokenized"
-    assert got[1].response_token_ids[:-1] == tok("Paris.", add_special_tokens=False).input_ids
-    assert got[1].response_token_ids[-1] == tok.eos_token_id
+    paris = [*tok("Paris.", add_special_tokens=False).input_ids, tok.eos_token_id]
+    assert got[1].response_token_ids == paris, (
+        "up to the end token; the template's newline after it is not generated"
+    )
     assert len(got[1].response_logprobs) == len(got[1].response_token_ids)
     assert all(lp <= 0.0 for lp in got[1].response_logprobs) and any(
         lp < -0.01 for lp in got[1].response_logprobs
     )
+    old = next(t for t in imported if t.session_id == "old")
+    assert old.response_token_ids == paris and old.response.content == "Paris." and old.session_done
 
     # Without an engine, OpenClaw records are refused with the reason, not half imported.
     r = cli("import", "--input", str(foreign), "--into", target.namespace, "--engine-url", "http://127.0.0.1:9",
