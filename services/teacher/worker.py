@@ -166,7 +166,9 @@ class Teacher:
         assert j.hint is not None
         turn = j.paired.turn
         messages = as_request_messages(enhanced_messages(turn.messages, j.hint, self.hint_template))
-        return render_prompt_ids(self.tokenizer, messages, turn.tools or None)
+        # The template options the policy was served with (enable_thinking=False gives its prompt an empty think
+        # block): without them the teacher scores the response after another prompt.
+        return render_prompt_ids(self.tokenizer, messages, turn.tools or None, turn.chat_template_kwargs)
 
 
 def model_vocab_size(path: str) -> int | None:
