@@ -118,6 +118,10 @@ class ProxyConfig(_Section):
     spool_linger_ms: NonNegInt = 200
     """Turns gather this long before one fsync and one Kafka batch take them all: the user never waits on it, and
     at low traffic it is what keeps recording cheap (a turn lives only in memory for this long)."""
+    default_turn_type: Literal["main", "side"] = "main"
+    """A request without ``X-Turn-Type`` (or ``turn_type`` in the body): ``main``, recorded and trained on, so a
+    plain OpenAI client teaches the model; ``side``, forwarded and never recorded, is OpenClaw-RL's choice, for
+    agents whose untagged calls are housekeeping."""
     missing_session: Literal["generate", "reject"] = "generate"
     """A main turn without a session id: ``generate`` records it under a new id returned in the
     ``X-Session-Id`` response header; ``reject`` answers 400."""

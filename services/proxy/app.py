@@ -189,7 +189,7 @@ class ChatProxy:
             )
         try:
             body = parse_chat(await read_body(request, self.pc.max_body_bytes))
-            session = session_info(request.headers, body)
+            session = session_info(request.headers, body, self.pc.default_turn_type)
         except BadInput as exc:
             return openai_error(exc.status, str(exc), "invalid_request_error", exc.code)
         except SessionError as exc:

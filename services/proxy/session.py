@@ -33,15 +33,16 @@ def _flag(value: Any) -> bool:
     return str(value).strip().lower() in TRUE
 
 
-def session_info(headers: Headers, body: dict[str, Any]) -> SessionInfo:
-    """Read the session fields and strip the body's copies (the engine must not see them). Headers win."""
+def session_info(headers: Headers, body: dict[str, Any], default_turn_type: str = "main") -> SessionInfo:
+    """Read the session fields and strip the body's copies (the engine must not see them). Headers win; an
+    untagged request is ``default_turn_type`` (``proxy.default_turn_type``)."""
     b_sid, b_type, b_done = (body.pop(k, None) for k in BODY_FIELDS)
     if not isinstance(b_sid, str | None) or not isinstance(b_type, str | None):
         raise SessionError("'session_id' and 'turn_type' in the body must be strings")
     if not isinstance(b_done, bool | int | str | None):
         raise SessionError("'session_done' in the body must be a boolean")
     sid = headers.get("x-session-id") or b_sid
-    turn_type = (headers.get("x-turn-type") or b_type or "main").strip().lower()
+    turn_type = (headers.get("x-turn-type") or b_type or default_turn_type).strip().lower()
     if turn_type not in ("main", "side"):
         raise SessionError(f"X-Turn-Type must be 'main' or 'side', not {turn_type!r}")
     done_raw = headers.get("x-session-done")
