@@ -269,6 +269,15 @@ class TrainerConfig(_Section):
     """Model-parallel sizes; data parallelism is the rest of torchrun's world size."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """``auto``: bf16 on GPUs, fp32 on the CPU."""
+    old_logprobs: Literal["rollout", "recompute", "decoupled"] = "rollout"
+    """pi_old in the PPO ratio and the OPD gap: ``rollout``, the log-probs the engine recorded (up to
+    ``max_staleness`` versions old); ``recompute``, the weights about to be trained, by a no-grad forward before
+    the update (slime's default, and so OpenClaw-RL's effective behaviour: ratio 1 on a batch's one step);
+    ``decoupled``, recomputed for the clip with the rollout policy corrected by a truncated importance weight
+    (``is_cap``), as in AReaL's decoupled PPO."""
+    is_cap: PositiveFloat = 2.0
+    """Truncation of the importance weight exp(recomputed - rollout) under ``decoupled`` (also what the step's
+    ``is_truncated`` share counts)."""
     advantages: str = "services.trainer.advantages:by_mode"
     """``(samples, settings) -> one per-token advantage tensor per sample``, over the whole batch
     (docs/extending.md); the default applies each sample's mode's formula."""

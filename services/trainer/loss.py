@@ -79,6 +79,13 @@ def ppo_clip_loss(
     return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
 
 
+def truncated_importance(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, cap: float) -> Tensor:
+    """Per-token ``min(exp(proximal - behaviour), cap)``, no gradient: how much more (or less) likely the policy
+    the update starts from makes each token than the policy that sampled it, truncated so that one token cannot
+    dominate (AReaL's decoupled PPO, slime's TIS)."""
+    return torch.clamp(torch.exp(proximal_logprobs.detach() - behaviour_logprobs.detach()), max=cap)
+
+
 def low_var_kl(new_logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """KL(new || ref) per token with the k3 estimator ``exp(ref - new) - (ref - new) - 1``, clamped to [-10, 10]."""
     log_ratio = ref_logprobs.detach() - new_logprobs

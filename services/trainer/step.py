@@ -13,6 +13,7 @@ here is ``[B, S - 1]`` and indexed by the position of the token it scores.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -23,6 +24,7 @@ import torch
 from torch import Tensor
 
 from schemas import Sample
+from schemas.modes import mode_spec
 from services.config import TrainerConfig
 from services.trainer import advantages as batch_advantages
 from services.trainer import terms as loss_terms
@@ -48,6 +50,16 @@ class StepStats(msgspec.Struct):
     kl: float | None = None
     """k3 KL(new || reference), when a reference model is configured."""
     topk_loss: float | None = None
+    is_weight_mean: float | None = None
+    """``trainer.old_logprobs`` recompute or decoupled: the mean over response tokens of exp(old - rollout), the
+    importance weight of the recomputed policy against the one that sampled (1 when nothing drifted)."""
+    is_weight_max: float | None = None
+    is_truncated: float | None = None
+    """The share of response tokens whose importance weight exceeds ``trainer.is_cap`` (truncated when
+    decoupled)."""
+    opd_gap: float | None = None
+    """The mean teacher - old log-prob gap over the tokens of samples that carry the teacher's log-probs, against
+    the rollout log-probs or the recomputed ones (``trainer.old_logprobs``)."""
     terms: dict[str, float] = msgspec.field(default_factory=dict)
     """The values of loss terms other than the built-in ones (``trainer.loss_terms``)."""
     applied: bool = True
@@ -67,6 +79,9 @@ class Collated:
     """``[B, S - 1, K]`` the teacher's top-K token ids at each response position (K: the smallest in the batch)."""
     topk_logprobs: Tensor | None = None
     topk_mask: Tensor | None = None
+    behaviour_logprobs: Tensor | None = None
+    """``[B, S - 1]`` the rollout log-probs when ``old_logprobs`` holds recomputed ones (``trainer.old_logprobs``
+    ``recompute`` or ``decoupled``): the policy that actually sampled the response."""
 
     def to(self, device: torch.device) -> Collated:
         moved: dict[str, Any] = {f.name: _move(getattr(self, f.name), device) for f in fields(self)}
@@ -85,10 +100,12 @@ def collate(
     rows: int | None = None,
     width: int | None = None,
     advantages: Sequence[Tensor] | None = None,
+    behaviour: Sequence[list[float]] | None = None,
 ) -> Collated:
     """Right-padded tensors of a list of samples, per-token tensors aligned to the token they score; ``rows`` and
     ``width`` pad to a fixed shape (an empty row holds one token, attends to itself and counts nowhere).
-    ``advantages``: one per sample, from the batch-level seam (default: each sample's mode's formula)."""
+    ``advantages``: one per sample, from the batch-level seam (default: each sample's mode's formula);
+    ``behaviour``: one per sample, the rollout log-probs when the samples' own are recomputed ones."""
     width = width or max(len(s.tokens) for s in samples)
     b = rows or len(samples)
     tokens = torch.zeros(b, width, dtype=torch.long)
@@ -103,6 +120,7 @@ def collate(
     topk_ids = torch.zeros(b, width - 1, k, dtype=torch.long) if k else None
     topk_lp = torch.zeros(b, width - 1, k) if k else None
     topk_mask = torch.zeros(b, width - 1) if k else None
+    behaved = torch.zeros(b, width - 1) if behaviour is not None else None
     for i, s in enumerate(samples):
         n, p = len(s.tokens), s.prompt_length
         tokens[i, :n] = torch.tensor(s.tokens)
@@ -115,6 +133,8 @@ def collate(
         mask = torch.tensor(s.loss_mask, dtype=torch.float32)
         loss_mask[i, span] = mask
         old[i, span] = old_lp
+        if behaved is not None and behaviour is not None:
+            behaved[i, span] = torch.tensor(behaviour[i], dtype=torch.float32)
         if advantages is None:
             adv[i, span] = sample_advantages(s.mode, s.reward, old_lp, teacher, w_rl=w_rl, w_opd=w_opd)
         else:
@@ -124,7 +144,7 @@ def collate(
             topk_lp[i, span] = torch.tensor([row[:k] for row in s.topk_logprobs], dtype=torch.float32)
             if topk_mask is not None:
                 topk_mask[i, span] = mask
-    return Collated(tokens, attention, loss_mask, old, adv, real, topk_ids, topk_lp, topk_mask)
+    return Collated(tokens, attention, loss_mask, old, adv, real, topk_ids, topk_lp, topk_mask, behaved)
 
 
 def check_seams(settings: TrainerConfig) -> None:
@@ -157,27 +177,76 @@ def micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]
     return groups
 
 
+def _groups(
+    samples: list[Sample], token_budget: int, fixed: bool
+) -> list[tuple[list[Sample], dict[str, int]]]:
+    """The micro-batches of one rank as (samples in row order, fixed shape). ``fixed`` (pipeline parallel): every
+    micro-batch has the same rows and width, as pipeline stages exchange activations of one shape."""
+    if not fixed:
+        return [(g, {}) for g in micro_batches(samples, token_budget)]
+    width = max(len(s.tokens) for s in samples)
+    rows = max(1, min(len(samples), token_budget // width))
+    ordered = sorted(samples, key=lambda s: len(s.tokens))
+    return [(ordered[i : i + rows], {"rows": rows, "width": width}) for i in range(0, len(ordered), rows)]
+
+
 def plan(
     samples: list[Sample],
     token_budget: int,
     settings: TrainerConfig,
     fixed: bool,
     advantages: dict[int, Tensor] | None = None,
+    behaviour: dict[int, list[float]] | None = None,
 ) -> list[Collated]:
-    """The micro-batches of one rank. ``fixed`` (pipeline parallel): every micro-batch has the same rows and
-    width, as pipeline stages exchange activations of one shape. ``advantages``: by ``id(sample)``, the batch's
-    (default: each sample's mode's formula)."""
-
-    def of(group: list[Sample], **shape: int) -> Collated:
+    """The micro-batches of one rank (``_groups``). ``advantages``: by ``id(sample)``, the batch's (default: each
+    sample's mode's formula); ``behaviour``: by ``id(sample)``, the rollout log-probs of recomputed samples."""
+    out = []
+    for group, shape in _groups(samples, token_budget, fixed):
         adv = None if advantages is None else [advantages[id(s)] for s in group]
-        return collate(group, settings.w_rl, settings.w_opd, advantages=adv, **shape)
+        behaved = None if behaviour is None else [behaviour[id(s)] for s in group]
+        rows, width = shape.get("rows"), shape.get("width")
+        out.append(
+            collate(
+                group,
+                settings.w_rl,
+                settings.w_opd,
+                rows=rows,
+                width=width,
+                advantages=adv,
+                behaviour=behaved,
+            )
+        )
+    return out
 
-    if not fixed:
-        return [of(g) for g in micro_batches(samples, token_budget)]
-    width = max(len(s.tokens) for s in samples)
-    rows = max(1, min(len(samples), token_budget // width))
-    ordered = sorted(samples, key=lambda s: len(s.tokens))
-    return [of(ordered[i : i + rows], rows=rows, width=width) for i in range(0, len(ordered), rows)]
+
+def recomputed_logprobs(
+    model: Any,
+    samples: list[Sample],
+    local: list[Sample],
+    token_budget: int,
+    forward: Forward,
+    layout: ParallelLayout,
+) -> list[list[float]]:
+    """Each sample's response log-probs under the weights about to be trained (no gradient): pi_old as slime
+    computes it by default. Every rank computes its data-parallel share; the last pipeline stages' results are
+    gathered so that every rank has the whole batch's (the advantages are formed over the whole batch)."""
+    groups = _groups(local, token_budget, layout.pp > 1)
+    micro = [collate(g, rows=shape.get("rows"), width=shape.get("width")) for g, shape in groups]
+    if torch.cuda.is_available():
+        micro = [c.to(torch.device("cuda", torch.cuda.current_device())) for c in micro]
+    found: dict[str, list[float]] = {}
+    for (group, _), lps in zip(groups, reference_logprobs(model, micro, forward), strict=False):
+        for i, s in enumerate(group):
+            p = s.prompt_length
+            found[s.sample_id] = lps[i, p - 1 : p - 1 + s.response_length].float().cpu().tolist()
+    if layout.distributed:
+        import torch.distributed as dist
+
+        shares: list[dict[str, list[float]] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(shares, found)
+        for share in shares:
+            found.update(share or {})
+    return [found[s.sample_id] for s in samples]
 
 
 def micro_loss(
@@ -209,7 +278,8 @@ def micro_loss(
         loss = (logits * 0.0).sum()
     sums.update(x.counts)
     sums["tokens"] = c.loss_mask.sum()
-    sums["kl_rollout"] = x.mean(low_var_kl(new.detach(), c.old_logprobs))
+    behaviour = c.old_logprobs if c.behaviour_logprobs is None else c.behaviour_logprobs
+    sums["kl_rollout"] = x.mean(low_var_kl(new.detach(), behaviour))
     sums["loss"] = loss.detach()
     return loss, sums
 
@@ -298,6 +368,33 @@ def _reduce_stats(
     return dict(zip(keys, vec.tolist(), strict=True))
 
 
+def _importance(samples: list[Sample], recomputed: list[list[float]], cap: float) -> dict[str, float | None]:
+    """Importance weights exp(recomputed - rollout) over the response tokens that train."""
+    weights = [
+        math.exp(new - old)
+        for s, lps in zip(samples, recomputed, strict=True)
+        for new, old, m in zip(lps, s.rollout_logprobs, s.loss_mask, strict=True)
+        if m
+    ]
+    if not weights:
+        return {"is_weight_mean": None, "is_weight_max": None, "is_truncated": None}
+    return {
+        "is_weight_mean": sum(weights) / len(weights),
+        "is_weight_max": max(weights),
+        "is_truncated": sum(w > cap for w in weights) / len(weights),
+    }
+
+
+def _opd_gap(samples: list[Sample]) -> float | None:
+    gaps = [
+        t - o
+        for s in samples
+        if s.teacher_logprobs is not None and s.kind in mode_spec(s.mode).teacher_kinds
+        for t, o in zip(s.teacher_logprobs, s.rollout_logprobs, strict=True)
+    ]
+    return sum(gaps) / len(gaps) if gaps else None
+
+
 def train_step(
     model: Any,
     optimizer: Any,
@@ -316,10 +413,27 @@ def train_step(
 
     settings = settings or TrainerConfig()
     layout = layout or ParallelLayout()
+    local = sorted(samples, key=lambda s: len(s.tokens))[layout.dp_rank :: layout.dp]
+    behaviour: dict[int, list[float]] | None = None
+    off_policy: dict[str, float | None] = {
+        "is_weight_mean": None,
+        "is_weight_max": None,
+        "is_truncated": None,
+    }
+    if settings.old_logprobs != "rollout":
+        recomputed = recomputed_logprobs(model, samples, local, micro_batch_tokens, forward, layout)
+        off_policy = _importance(samples, recomputed, settings.is_cap)
+        rollout = {s.sample_id: s.rollout_logprobs for s in samples}
+        samples = [
+            msgspec.structs.replace(s, rollout_logprobs=lp) for s, lp in zip(samples, recomputed, strict=True)
+        ]
+        local = sorted(samples, key=lambda s: len(s.tokens))[layout.dp_rank :: layout.dp]
+        behaviour = {id(s): rollout[s.sample_id] for s in samples}
     advantages = batch_advantages.checked(batch_advantages.load(settings), samples, settings)
     by_sample = {id(s): a for s, a in zip(samples, advantages, strict=True)}
-    local = sorted(samples, key=lambda s: len(s.tokens))[layout.dp_rank :: layout.dp]
-    micro = plan(local, micro_batch_tokens, settings, fixed=layout.pp > 1, advantages=by_sample)
+    micro = plan(
+        local, micro_batch_tokens, settings, layout.pp > 1, advantages=by_sample, behaviour=behaviour
+    )
     if torch.cuda.is_available():
         micro = [c.to(torch.device("cuda", torch.cuda.current_device())) for c in micro]
     total = len(local)
@@ -361,5 +475,7 @@ def train_step(
         kl=figures["kl"] if figures["has_kl"] else None,
         topk_loss=figures["topk"] if figures["has_topk"] else None,
         terms={n: figures[n] for n in extra},
+        opd_gap=_opd_gap(samples),
+        **off_policy,
         applied=bool(applied),
     )

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from services.config import TrainerConfig
 from services.plugins import PluginError, load_function
-from services.trainer.loss import low_var_kl, ppo_clip_loss, topk_distillation_loss
+from services.trainer.loss import low_var_kl, ppo_clip_loss, topk_distillation_loss, truncated_importance
 
 if TYPE_CHECKING:
     from services.trainer.step import Collated
@@ -59,12 +59,15 @@ Term = Callable[[LossInputs], "tuple[float, Tensor] | None"]
 
 
 def pg(x: LossInputs) -> tuple[float, Tensor]:
-    """The PPO clipped surrogate with the asymmetric clip (``loss.ppo_clip_loss``) over the advantages."""
-    s = x.settings
-    per_token, clipped = ppo_clip_loss(
-        x.new, x.batch.old_logprobs, x.batch.advantages, s.eps_clip, s.eps_clip_high
-    )
-    x.counts["clipped"] = (clipped * x.batch.loss_mask).sum()
+    """The PPO clipped surrogate with the asymmetric clip (``loss.ppo_clip_loss``) over the advantages, the ratio
+    taken against ``old_logprobs`` (the rollout's, or recomputed ones: ``trainer.old_logprobs``). Decoupled: each
+    token's term is weighted by the truncated importance weight of the recomputed (proximal) policy against the
+    rollout (behaviour) policy, min(exp(old - rollout), ``is_cap``), as in AReaL's decoupled PPO."""
+    s, c = x.settings, x.batch
+    per_token, clipped = ppo_clip_loss(x.new, c.old_logprobs, c.advantages, s.eps_clip, s.eps_clip_high)
+    if s.old_logprobs == "decoupled" and c.behaviour_logprobs is not None:
+        per_token = per_token * truncated_importance(c.old_logprobs, c.behaviour_logprobs, s.is_cap)
+    x.counts["clipped"] = (clipped * c.loss_mask).sum()
     return 1.0, x.mean(per_token)
 
 

@@ -314,7 +314,20 @@ def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> No
     VERSION.set(trainer.version)
     for s in samples:
         SAMPLES_IN.labels(s.kind).inc()
-    for name in ("loss", "pg_loss", "clip_fraction", "entropy", "grad_norm", "kl_rollout", "kl", "topk_loss"):
+    for name in (
+        "loss",
+        "pg_loss",
+        "clip_fraction",
+        "entropy",
+        "grad_norm",
+        "kl_rollout",
+        "kl",
+        "topk_loss",
+        "opd_gap",
+        "is_weight_mean",
+        "is_weight_max",
+        "is_truncated",
+    ):
         value = getattr(stats, name)
         if value is not None:
             LAST.labels(name).set(value)

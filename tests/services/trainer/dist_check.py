@@ -1,7 +1,7 @@
 """Run under torchrun (gloo on the CPU) by test_distributed.py, or in-process for the single-process baseline:
-the policy's token log-probs on a fixed batch, then training steps on fixed samples (PPO + reference KL + top-K
-distillation), then the exported Hugging Face weights. Rank 0 writes ``<out>``; the last pipeline stage's first
-rank writes ``<out>.logprobs``."""
+the policy's token log-probs on a fixed batch, then training steps on fixed samples (decoupled PPO, pi_old
+recomputed and gathered across ranks, + reference KL + top-K distillation), then the exported Hugging Face
+weights. Rank 0 writes ``<out>``; the last pipeline stage's first rank writes ``<out>.logprobs``."""
 
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ def config(tp: int, pp: int) -> TrainerConfig:
         kl_coef=0.1,
         topk_coef=0.5,
         precision="fp32",
+        # pi_old recomputed on each rank's share and gathered over every layout, the rollout's as the behaviour.
+        old_logprobs="decoupled",
     )
 
 

@@ -67,10 +67,14 @@ def assert_matches(got: dict[str, Any], want: dict[str, Any], lr: float = 1e-4) 
     assert torch.allclose(torch.cat(flat).sort().values, torch.cat(ref).sort().values, atol=1e-5)
     # The same losses, KL and top-K terms at every step, and the same gradient norm.
     for g, w in zip(got["stats"], want["stats"], strict=True):
-        for key in ("loss", "pg_loss", "entropy", "kl_rollout", "kl", "topk_loss", "tokens", "samples"):
+        keys = ("loss", "pg_loss", "entropy", "kl_rollout", "kl", "topk_loss", "tokens", "samples", "opd_gap")
+        for key in (*keys, "is_weight_mean", "is_weight_max", "is_truncated"):
             assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-6), key
         assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-3)
     assert want["stats"][1]["kl"] > 0 and want["stats"][0]["topk_loss"] > 0  # the extra terms were live
+    assert want["stats"][0]["is_weight_mean"] != pytest.approx(1.0, abs=0.05), (
+        "the importance weights are live"
+    )
     # The same updated weights: Adam moves each weight by at most ~lr per step, so any mismatch beyond float noise
     # on near-zero gradients would show as differences of order lr.
     assert got["weights"].keys() == want["weights"].keys()
