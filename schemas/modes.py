@@ -39,7 +39,7 @@ class ModeSpec(msgspec.Struct, frozen=True, kw_only=True):
     """``(reward: float, old: Tensor, teacher: Tensor | None, settings: TrainerConfig) -> Tensor``: per-token
     advantages of one sample from its reward, rollout log-probs and teacher log-probs (the default batch-level
     ``trainer.advantages`` calls it per sample)."""
-    defaults: dict[str, float | int | bool | str] = msgspec.field(default_factory=dict)
+    defaults: dict[str, float | int | bool | str | list[str]] = msgspec.field(default_factory=dict)
     """Settings this mode changes from the global defaults, as ``section.field`` (``trainer.eps_clip_high``,
     ``judge.m``); a value set in the config file or the environment still wins."""
 
@@ -106,6 +106,28 @@ BUILTIN_MODES: Final[tuple[ModeSpec, ...]] = (
         decide=f"{_DISPATCHER}:decide_combine",
         advantage=f"{_LOSS}:combine_advantage",
         defaults={"judge.max_tokens": 8192},
+    ),
+    # OpenClaw-RL's top-K recipe (openclaw-opd/run_qwen3_4b_openclaw_opd_topk.sh): the PPO loss replaced by the
+    # reverse KL to the teacher's top-K tokens (plus a tail bin), advantages unused, K 50, lr 1e-6, batches of 4,
+    # 3 judge votes.
+    ModeSpec(
+        name="opd-topk",
+        kinds=frozenset({"opd-topk"}),
+        needs_eval=False,
+        needs_hint=True,
+        teacher_kinds=frozenset({"opd-topk"}),
+        zero_reward_kinds=frozenset({"opd-topk"}),
+        decide=f"{_DISPATCHER}:decide_opd_topk",
+        advantage=f"{_LOSS}:opd_advantage",
+        defaults={
+            "trainer.loss_terms": ["topk"],
+            "trainer.topk_coef": 1.0,
+            "trainer.lr": 1e-6,
+            "trainer.rollout_batch_size": 4,
+            "teacher.top_k": 50,
+            "judge.m": 3,
+            "judge.max_tokens": 8192,
+        },
     ),
 )
 

@@ -26,6 +26,13 @@ def decide_opd(eval_score: int | None, hint_accepted: bool, session_has_effectiv
     return "opd" if hint_accepted else None
 
 
+def decide_opd_topk(
+    eval_score: int | None, hint_accepted: bool, session_has_effective_sample: bool
+) -> str | None:
+    """``"opd-topk"`` when the hint was accepted (the teacher's top-K under it is the whole signal)."""
+    return "opd-topk" if hint_accepted else None
+
+
 def decide_combine(
     eval_score: int | None, hint_accepted: bool, session_has_effective_sample: bool
 ) -> str | None:

@@ -131,3 +131,16 @@ def test_a_step_trains_on_the_plugin_advantages_and_reports_the_plugin_terms(tmp
     assert zero.grad_norm == 0.0, "reward 0 everywhere: the default formula teaches nothing"
     assert moved.grad_norm > 0.0 and moved.pg_loss != zero.pg_loss, "the plugin's advantage 0.5 does"
     assert set(moved.terms) == {"response_length_penalty"} and moved.terms["response_length_penalty"] < 0
+
+
+def test_the_top_k_recipe_trains_on_the_distillation_term_alone() -> None:
+    s = sample("opd-topk", "opd-topk", 0.0, teacher=[-0.1, -0.2], n=2)
+    s = msgspec.structs.replace(
+        s, topk_token_ids=[[1, 2], [3, 4]], topk_logprobs=[[-0.3, -2.0], [-0.5, -1.5]]
+    )
+    c = collate([s])
+    logits = torch.randn(1, len(s.tokens), 8, requires_grad=True)
+    settings = TrainerConfig(loss_terms=["topk"], topk_coef=1.0)
+    loss, sums = micro_loss(logits, c, settings, total=1, topk_total=1)
+    assert set(sums) >= {"topk"} and "pg" not in sums and "entropy" not in sums
+    assert loss.item() == pytest.approx(sums["topk"].item()) and loss.item() > 0

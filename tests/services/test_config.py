@@ -193,3 +193,16 @@ def test_settings_that_cannot_work_together_are_refused_naming_the_field() -> No
     assert load_config(env={"OPENCLAW_EVAL_MODE": "0"}).dispatcher.mode == "combine", (
         "combine degrades to opd"
     )
+
+
+def test_the_top_k_recipe_is_a_mode_with_openclaws_settings() -> None:
+    """openclaw-opd/run_qwen3_4b_openclaw_opd_topk.sh: top-K distillation replaces the PPO loss, K 50, lr 1e-6,
+    batches of 4, PRM_M 3."""
+    c = load_config(env={"TURNSTREAM_DISPATCHER_MODE": "opd-topk"})
+    assert (c.trainer.loss_terms, c.trainer.topk_coef, c.trainer.lr, c.trainer.rollout_batch_size) == (
+        ["topk"],
+        1.0,
+        1e-6,
+        4,
+    )
+    assert (c.teacher.top_k, c.judge.m, c.judge.max_tokens) == (50, 3, 8192)

@@ -115,6 +115,20 @@ async def test_combine_without_eval_votes_is_opd_only(kafka: KafkaConfig, redis_
     assert [(s.sample_id, s.kind, s.reward) for s in samples] == [(accepted.turn_id, "opd-only", 0.0)]
 
 
+async def test_the_top_k_mode_emits_distillation_samples_with_the_teachers_top_k(
+    kafka: KafkaConfig, redis_config: RedisConfig
+) -> None:
+    accepted, rejected = turn(1, "k1"), turn(2, "k2")
+    await publish(
+        kafka, [hint_judgment(accepted, True), teacher_scores(accepted), hint_judgment(rejected, False)]
+    )
+    samples = await run_for(dispatcher_config(kafka, redis_config, mode="opd-topk"), 1)
+    assert [(s.sample_id, s.mode, s.kind, s.reward) for s in samples] == [
+        (accepted.turn_id, "opd-topk", "opd-topk", 0.0)
+    ]
+    assert samples[0].topk_token_ids == teacher_scores(accepted).topk_token_ids
+
+
 async def test_several_judges_by_majority(kafka: KafkaConfig, redis_config: RedisConfig) -> None:
     # a and b share a session and a comes first, so b's tie (0) is not the session's at-least-one sample.
     a, b, c = turn(1, "m1"), turn(2, "m1"), turn(3, "m3")
