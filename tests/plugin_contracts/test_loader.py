@@ -54,7 +54,8 @@ def test_plugin_modules_load_with_the_config_and_a_broken_one_is_named() -> None
 
 def test_an_unknown_mode_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(
-        ConfigError, match=r"dispatcher\.mode.*'grpo-x' is not one of .*combine, opd, rl.*plugins\.modules"
+        ConfigError,
+        match=r"dispatcher\.mode.*'grpo-x' is not one of combine, opd, opd-topk, rl.*plugins\.modules",
     ):
         load_config(env={"TURNSTREAM_DISPATCHER_MODE": "grpo-x"})
 

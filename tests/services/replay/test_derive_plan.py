@@ -57,5 +57,5 @@ def test_rl_mode_runs_no_teacher_and_keeps_what_was_not_asked_to_change() -> Non
 
 
 def test_an_unknown_mode_stops_the_replay_before_anything_starts() -> None:
-    with pytest.raises(ValueError, match=r"'grpo-z' is not one of combine, opd, rl"):
+    with pytest.raises(ValueError, match=r"'grpo-z' is not one of combine, opd, opd-topk, rl"):
         derive_config(Config(), DeriveOptions(into="r3", mode="grpo-z"))
