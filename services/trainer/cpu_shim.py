@@ -9,6 +9,8 @@ unconditionally, redirected to the CPU. Applied only when CUDA is absent, and id
   pipelined model with ``.cuda()``): ``cpu_allocations()``, a torch function mode entered only around model
   construction, the schedule and optimizer steps, keeps those on the CPU.
 - Pipeline point-to-point communication calls ``torch.cuda.synchronize()``: a no-op (gloo is synchronous).
+- Activation recompute saves and restores the CUDA generator's state around each recomputed part: there is
+  none (the CPU generator and the tracker's CPU states are saved and restored as before).
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ def apply_cpu_shim() -> bool:
 
     clip_grads.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_cpu
     moptimizer.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_cpu
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
     mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _applied = True

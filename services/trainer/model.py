@@ -69,11 +69,24 @@ def shutdown_parallel(layout: ParallelLayout) -> None:
     dist.destroy_process_group()
 
 
+def recompute_for(setting: str) -> str:
+    """``trainer.recompute`` with ``auto`` resolved: ``full`` on the CPU (memory is what a CPU run lacks, and the
+    rerun costs no measurable time there), ``selective`` on GPUs (Megatron's usual choice)."""
+    if setting != "auto":
+        return setting
+    return "selective" if torch.cuda.is_available() else "full"
+
+
 def build_model(
-    spec: ModelSpec, dtype: torch.dtype = torch.float32, layout: ParallelLayout | None = None
+    spec: ModelSpec,
+    dtype: torch.dtype = torch.float32,
+    layout: ParallelLayout | None = None,
+    recompute: str = "none",
 ) -> Any:
     """This rank's part of the GPTModel: its pipeline stage's layers, its tensor-parallel slices. Logits are
-    gathered over the vocab (``parallel_output=False``), so the loss code is the same for every layout."""
+    gathered over the vocab (``parallel_output=False``), so the loss code is the same for every layout.
+    ``recompute``: ``trainer.recompute`` (``full``: every layer's activations recomputed in backward, one layer
+    per checkpoint)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -82,6 +95,7 @@ def build_model(
     from services.trainer.parallel import ParallelLayout, padded_vocab
 
     layout = layout or ParallelLayout()
+    granularity = recompute_for(recompute)
     config = TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -110,6 +124,9 @@ def build_model(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         pipeline_dtype=dtype,
+        recompute_granularity=None if granularity == "none" else granularity,
+        recompute_method="uniform" if granularity == "full" else None,
+        recompute_num_layers=1 if granularity == "full" else None,
     )
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.family == "qwen3", normalization="RMSNorm")
     with cpu_allocations():  # tied embeddings under PP: Megatron moves the shared copy with .cuda()

@@ -29,8 +29,10 @@ from services.trainer.spec import ModelSpec
 from services.trainer.step import StepStats, check_seams, train_step
 
 
-def _load(spec: ModelSpec, path: str | Path, dtype: torch.dtype, layout: ParallelLayout) -> Any:
-    module = build_model(spec, dtype, layout)
+def _load(
+    spec: ModelSpec, path: str | Path, dtype: torch.dtype, layout: ParallelLayout, recompute: str = "none"
+) -> Any:
+    module = build_model(spec, dtype, layout, recompute)
     load_hf_into(module, spec, read_hf_weights(path), layout)
     if torch.cuda.is_available():
         module.cuda(torch.cuda.current_device())
@@ -73,7 +75,7 @@ class Policy:
         spec = ModelSpec.from_dir(path)
         layout.validate(spec, config.rollout_batch_size)
         dtype = dtype_for(config.precision)
-        module = _load(spec, path, dtype, layout)
+        module = _load(spec, path, dtype, layout, config.recompute)
         reference = None
         if config.kl_coef > 0:
             ref_path = config.reference_checkpoint or path

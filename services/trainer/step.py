@@ -28,6 +28,7 @@ from schemas.modes import mode_spec
 from services.config import TrainerConfig
 from services.trainer import advantages as batch_advantages
 from services.trainer import terms as loss_terms
+from services.trainer.logprobs import shifted
 from services.trainer.loss import low_var_kl, sample_advantages
 from services.trainer.parallel import ParallelLayout
 
@@ -156,8 +157,7 @@ def check_seams(settings: TrainerConfig) -> None:
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """``[B, S, V]`` logits, ``[B, S]`` tokens -> ``[B, S - 1]`` log-prob of each token after the first."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    return shifted(logits, tokens)[0]
 
 
 def micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]]:
@@ -260,9 +260,9 @@ def micro_loss(
     """This micro-batch's share of the step's loss: the sum of the configured terms (``terms.py``), each a sum of
     per-sample token means divided by the number of samples in the whole (rank-local) batch, so micro-batching
     never changes the update. Returns the loss and detached sums for reporting."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    new = logp.gather(-1, c.tokens[:, 1:, None]).squeeze(-1)
-    x = loss_terms.LossInputs(logp, new, c, settings, total, topk_total, ref_logprobs)
+    topk_ids = c.topk_ids if settings.topk_coef else None
+    new, entropy, student = shifted(logits, c.tokens, topk_ids)
+    x = loss_terms.LossInputs(logits, new, entropy, student, c, settings, total, topk_total, ref_logprobs)
     loss: Tensor | None = None
     sums: dict[str, Tensor] = {}
     for name, term in loss_terms.resolve(tuple(settings.loss_terms)):

@@ -29,12 +29,18 @@ if TYPE_CHECKING:
 @dataclass
 class LossInputs:
     """One micro-batch as the loss terms see it. Per-token tensors are ``[B, S - 1]``, indexed by the position of
-    the token they score (the log-prob of token t comes from the logits at t - 1)."""
+    the token they score (the log-prob of token t comes from the logits at t - 1). The built-in terms read only
+    per-token figures (``logprobs.py`` makes them in one chunked pass without a vocabulary-sized log-softmax);
+    ``logp`` is there for a term that needs the whole distribution, at the cost of that tensor."""
 
-    logp: Tensor
-    """``[B, S - 1, V]`` the policy's log-softmax at every position (with gradient)."""
+    logits: Tensor
+    """``[B, S, V]`` the policy's logits (with gradient)."""
     new: Tensor
     """``[B, S - 1]`` the policy's log-prob of each token (with gradient)."""
+    entropy: Tensor
+    """``[B, S - 1]`` the policy's entropy at each position (with gradient)."""
+    topk_student: Tensor | None
+    """``[B, S - 1, K]`` the policy's log-probs of the teacher's top-K ids (with gradient), when the batch has them."""
     batch: Collated
     """Tokens, masks, rollout log-probs, advantages and the teacher's top-K of the micro-batch."""
     settings: TrainerConfig
@@ -46,6 +52,12 @@ class LossInputs:
     """``[B, S - 1]`` the frozen reference's log-probs, when ``kl_coef`` > 0."""
     counts: dict[str, Tensor] = field(default_factory=dict)
     """Detached sums a term reports beside its value (``pg`` puts the clipped-token count here)."""
+
+    @functools.cached_property
+    def logp(self) -> Tensor:
+        """``[B, S - 1, V]`` the policy's log-softmax at every position (with gradient): computed on first use,
+        and tokens x vocabulary x 4 bytes kept for backward."""
+        return torch.log_softmax(self.logits[:, :-1].float(), dim=-1)
 
     def mean(self, values: Tensor, mask: Tensor | None = None, n: int | None = None) -> Tensor:
         """Each sample's masked token mean, summed over the micro-batch's real rows and divided by ``n`` (default:
@@ -74,9 +86,9 @@ def pg(x: LossInputs) -> tuple[float, Tensor]:
 def entropy(x: LossInputs) -> tuple[float, Tensor]:
     """The policy's entropy, maximised with ``entropy_coef`` (always reported)."""
     coef = x.settings.entropy_coef
-    with torch.set_grad_enabled(bool(coef) and torch.is_grad_enabled()):
-        value = x.mean(-(x.logp.exp() * x.logp).sum(-1))
-    return -coef, value
+    if coef:
+        return -coef, x.mean(x.entropy)
+    return 0.0, x.mean(x.entropy.detach())
 
 
 def kl(x: LossInputs) -> tuple[float, Tensor] | None:
@@ -91,9 +103,10 @@ def topk(x: LossInputs) -> tuple[float, Tensor] | None:
     c = x.batch
     if not x.settings.topk_coef or c.topk_ids is None or c.topk_logprobs is None or c.topk_mask is None:
         return None
-    student = x.logp.gather(-1, c.topk_ids)
+    if x.topk_student is None:
+        return None
     return x.settings.topk_coef, x.mean(
-        topk_distillation_loss(student, c.topk_logprobs), c.topk_mask, x.topk_total
+        topk_distillation_loss(x.topk_student, c.topk_logprobs), c.topk_mask, x.topk_total
     )
 
 

@@ -45,6 +45,11 @@ def response_length_penalty(x: LossInputs) -> tuple[float, Tensor]:
     return -0.1, x.mean(x.new)
 
 
+def full_distribution_entropy(x: LossInputs) -> tuple[float, Tensor]:
+    """The entropy from the whole log-softmax (``logp``, computed on demand), reported only."""
+    return 0.0, x.mean(-(x.logp.exp() * x.logp).sum(-1))
+
+
 def off(x: LossInputs) -> None:
     return None
 

@@ -125,12 +125,20 @@ def test_a_step_trains_on_the_plugin_advantages_and_reports_the_plugin_terms(tmp
         weight_decay=0.0,
         rollout_batch_size=2,
         advantages=f"{FIX}:constant_advantages",
-        loss_terms=["pg", "entropy", f"{FIX}:response_length_penalty"],
+        loss_terms=[
+            "pg",
+            "entropy",
+            f"{FIX}:response_length_penalty",
+            f"{FIX}:full_distribution_entropy",
+        ],
     )
     moved = Policy.from_hf(model, settings).train(batch)
     assert zero.grad_norm == 0.0, "reward 0 everywhere: the default formula teaches nothing"
     assert moved.grad_norm > 0.0 and moved.pg_loss != zero.pg_loss, "the plugin's advantage 0.5 does"
-    assert set(moved.terms) == {"response_length_penalty"} and moved.terms["response_length_penalty"] < 0
+    assert set(moved.terms) == {"response_length_penalty", "full_distribution_entropy"}
+    assert moved.terms["response_length_penalty"] < 0
+    # a term may read the whole distribution: its entropy is the built-in one's, computed the chunked way
+    assert moved.terms["full_distribution_entropy"] == pytest.approx(moved.entropy, rel=1e-5)
 
 
 def test_the_top_k_recipe_trains_on_the_distillation_term_alone() -> None:

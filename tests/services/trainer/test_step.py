@@ -216,3 +216,59 @@ def test_reference_kl_starts_at_zero_and_grows_as_the_policy_moves(smollm2_path:
     assert first.kl == pytest.approx(0.0, abs=1e-6)  # the policy is the reference before its first update
     assert second.kl is not None and second.kl > 1e-6
     assert first.kl_rollout > 0  # rollout log-probs (-2.0) are not the model's
+
+
+def _step_keeping(policy: Any, batch: list[Sample]) -> tuple[Any, int]:
+    """One step, and the bytes the model's training forward kept for backward (by storage; not what backward's
+    recomputation keeps)."""
+    kept: dict[int, int] = {}
+    counting = [False]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if counting[0]:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def forward(model: Any, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        counting[0] = torch.is_grad_enabled()
+        try:
+            return policy.forward(model, tokens, mask)  # type: ignore[no-any-return]
+        finally:
+            counting[0] = False
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        stats = train_step(policy.model, policy.optimizer, batch, forward=forward, settings=policy.settings)
+    return stats, sum(kept.values())
+
+
+def test_activation_recompute_gives_the_same_step(tiny_llama: Path) -> None:
+    """``trainer.recompute`` trades compute for memory and nothing else: the same loss, gradient norm and update
+    under each setting (the CPU shim's generator states are what the recomputed forward restores)."""
+    from services.trainer.policy import Policy
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(5)
+    batch = [
+        sample(
+            torch.randint(1, 500, (60,), generator=g).tolist(),
+            torch.randint(1, 500, (20 + i,), generator=g).tolist(),
+            (-torch.rand(20 + i, generator=g) * 3).tolist(),
+            1.0 if i % 2 else -1.0,
+        )
+        for i in range(4)
+    ]
+    results, saved = {}, {}
+    for recompute in ("none", "selective", "full"):
+        policy = Policy.from_hf(tiny_llama, TrainerConfig(lr=1e-3, recompute=recompute, entropy_coef=0.01))
+        stats, kept = _step_keeping(policy, batch)
+        results[recompute], saved[recompute] = (stats, policy.export()), kept
+    # what each setting is for: selective drops the attention probabilities, full all but the layers' inputs
+    assert saved["none"] > saved["selective"] > saved["full"]
+    stats_none, weights_none = results["none"]
+    assert stats_none.grad_norm > 0
+    for recompute in ("selective", "full"):
+        stats, weights = results[recompute]
+        assert stats.loss == pytest.approx(stats_none.loss, abs=1e-6)
+        assert stats.grad_norm == pytest.approx(stats_none.grad_norm, rel=1e-5)
+        for k in weights_none:
+            torch.testing.assert_close(weights[k], weights_none[k], rtol=0, atol=1e-6)
