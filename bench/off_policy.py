@@ -64,8 +64,6 @@ def learn(option: str, steps: int, users: int, root: Path, timeout_s: float) -> 
         "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(run_dir / "weights"),
         "TURNSTREAM_PROXY_SPOOL_DIR": str(run_dir / "spool"),
         "OMP_NUM_THREADS": "1",
-        # Each [micro-batch x vocabulary] tensor is 4 bytes x tokens x 49,152 for SmolLM2; at the default 8,192 tokens
-        # a step's forward and backward peaked at 23.6 GB here and was killed beside two SGLang servers.
     }
     started = time.monotonic()
     with open(run_dir / "run.out", "w") as out:

@@ -267,6 +267,24 @@ class PairedTurn(Event, frozen=True, tag="paired_turn"):
                 _fail("terminal_reason", "must be None when there is a next state")
 
 
+class SessionEnded(Event, frozen=True, tag="session_ended"):
+    """A client ended a session on a side request (``X-Session-Done`` where no turn is recorded): the session's
+    last main turn has no next state. On its own topic, so the pairer reads it beside ``turns``; it names the
+    turn it closes, so it needs no ordering with them."""
+
+    session_id: str
+    after_turn_index: int | None
+    """The session's last main turn number when the client ended it; None when the proxy could not read it
+    (Redis unreachable): then it closes whichever turn of the session is open."""
+    ended_at: float
+
+    def __post_init__(self) -> None:
+        _require_schema_version(self.schema_version)
+        _require_id("session_id", self.session_id)
+        if self.after_turn_index is not None and self.after_turn_index < 0:
+            _fail("after_turn_index", f"must be >= 0, got {self.after_turn_index}")
+
+
 class Vote(msgspec.Struct, frozen=True, omit_defaults=True):
     """One judge sample: the raw text, and what parsing made of it (score None = a failed vote)."""
 
@@ -484,6 +502,7 @@ class DeadLetter(Event, frozen=True, tag="dead_letter"):
 
 EVENT_TYPES: Final[tuple[type[Event], ...]] = (
     Turn,
+    SessionEnded,
     PairedTurn,
     Judgment,
     TeacherScores,

@@ -14,6 +14,7 @@ from schemas.events import (
     Judgment,
     PairedTurn,
     Sample,
+    SessionEnded,
     TeacherScores,
     Turn,
     WeightsPublished,
@@ -70,6 +71,14 @@ def topic_name(base: str, namespace: str | None = "") -> str:
 TURNS: Final = TopicSpec(
     "turns", Turn, "session_id", 12, -1, description="every main-line turn; the source of truth, kept forever"
 )
+SESSIONS_ENDED: Final = TopicSpec(
+    "sessions.ended",
+    SessionEnded,
+    "session_id",
+    12,
+    -1,
+    description="sessions a client ended on a side request; kept forever beside turns (the pairer replays both)",
+)
 TURNS_PAIRED: Final = TopicSpec(
     "turns.paired", PairedTurn, "session_id", 12, 30 * DAY_MS, description="turn + next state, or terminal"
 )
@@ -101,6 +110,7 @@ DEADLETTER: Final = TopicSpec(
 
 ALL_TOPICS: Final[tuple[TopicSpec, ...]] = (
     TURNS,
+    SESSIONS_ENDED,
     TURNS_PAIRED,
     JUDGMENTS,
     TEACHER,

@@ -14,6 +14,7 @@ from schemas import (
     PairedTurn,
     Sample,
     SamplingParams,
+    SessionEnded,
     TeacherScores,
     ToolCall,
     Turn,
@@ -215,8 +216,16 @@ dead_letters = st.builds(
     source_timestamp_ms=st.none() | st.integers(0, 2**41),
 )
 
+sessions_ended = st.builds(
+    SessionEnded,
+    session_id=ids,
+    after_turn_index=st.none() | st.integers(0, 10**6),
+    ended_at=timestamps,
+)
+
 ALL_EVENTS = {
     Turn: turns(),
+    SessionEnded: sessions_ended,
     PairedTurn: paired_turns(),
     Judgment: judgments(),
     TeacherScores: teacher_scores(),
@@ -255,6 +264,7 @@ def example_events(session_id: str = "s1") -> dict[type, object]:
     return {
         Turn: turn,
         PairedTurn: paired,
+        SessionEnded: SessionEnded(session_id=session_id, after_turn_index=turn.turn_index, ended_at=now),
         Judgment: Judgment(
             turn_id=turn.turn_id,
             session_id=session_id,

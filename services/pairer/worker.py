@@ -3,9 +3,11 @@
 The next state of turn n is everything turn n+1's request adds after turn n's assistant message (a user
 message, or one or more tool results, with their roles). If that request's history does not hold turn n's
 response where expected, the pairing uses its last message and is flagged ``misaligned``. A session-done turn,
-and a session idle longer than ``pairer.idle_timeout_s``, get a terminal pairing.
+the turn a ``SessionEnded`` names (``sessions.ended``: a client ended the session on a side request), and a
+session idle longer than ``pairer.idle_timeout_s``, get a terminal pairing.
 
-State (the last turn of each open session) lives in Redis and is rebuilt by replaying ``turns``. Idle decisions
+State (the last turn of each open session, and session ends that arrived before the turn they name: the two
+topics are not ordered with each other) lives in Redis and is rebuilt by replaying both topics. Idle decisions
 use event time when a later turn arrives (so a replay pairs exactly as live operation did) and wall-clock time
 in the periodic sweep, which waits while the pairer is behind: a backlog (a replay, a restart after downtime)
 may still hold the next turn of a session that looks idle by the clock.
@@ -23,8 +25,8 @@ from typing import cast
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 
-from schemas import Message, PairedTurn, Turn, decode, encode
-from schemas.topics import TURNS, TURNS_PAIRED
+from schemas import Message, PairedTurn, SessionEnded, Turn, decode, encode
+from schemas.topics import SESSIONS_ENDED, TURNS, TURNS_PAIRED
 from services.bus import EventConsumer, EventProducer, Record, serve
 from services.config import Config
 from services.metrics import serve_metrics
@@ -33,6 +35,13 @@ log = logging.getLogger("turnstream.pairer")
 
 PAIRS = Counter("turnstream_pairer_pairs_total", "Paired turns emitted", ["kind"])
 SKIPPED = Counter("turnstream_pairer_skipped_total", "Turns not paired again", ["reason"])
+ENDS = Counter(
+    "turnstream_pairer_session_ends_total",
+    "Session ends from side requests, by what they did",
+    ["outcome"],
+)
+ENDED_TTL_S = 7 * 86400
+"""How long a session end waits for the turn it names (a turn the proxy dropped never comes)."""
 
 # Delete the session's state only if it is still the turn the sweep looked at (another pairer may have moved on).
 _COMPARE_AND_DELETE = """
@@ -95,18 +104,46 @@ class Pairer:
         self.timeout = config.pairer.idle_timeout_s
         prefix = config.redis.key_prefix
         self._state = prefix + "pairer:s:"
+        self._ended = prefix + "pairer:ended:"
         self._idle = config.redis.pairer_idle_key
         self._cad = redis.register_script(_COMPARE_AND_DELETE)
         self._last_sweep = 0.0
 
-    async def handle(self, batch: list[Record[Turn]]) -> None:
+    async def handle(self, batch: list[Record[Turn | SessionEnded]]) -> None:
         for rec in batch:
-            await self.on_turn(rec.event)
+            if isinstance(rec.event, SessionEnded):
+                await self.on_session_ended(rec.event)
+            else:
+                await self.on_turn(rec.event)
+
+    async def on_session_ended(self, ended: SessionEnded) -> None:
+        """Close the turn the end names; if it has not arrived yet, remember the end for it."""
+        sid, n = ended.session_id, ended.after_turn_index
+        key = self._state + sid
+        raw = cast(bytes | None, await self.redis.get(key))
+        prev = decode(raw, Turn) if raw else None
+        if raw is not None and prev is not None and (n is None or prev.turn_index == n):
+            await self.producer.send(TURNS_PAIRED, self._terminal(prev, "session_done"), sid)
+            PAIRS.labels("session_done").inc()
+            await self._cad(keys=[key, self._idle], args=[raw, sid])
+            ENDS.labels("closed").inc()
+        elif prev is not None and prev.turn_index > (n or 0):
+            ENDS.labels(
+                "stale"
+            ).inc()  # the session went on after the end: its next turn paired the named one
+        elif not n:
+            ENDS.labels("no_open_turn").inc()
+        else:
+            await self.redis.set(self._ended + sid, n, ex=ENDED_TTL_S)
+            ENDS.labels("waiting").inc()
 
     async def on_turn(self, turn: Turn) -> None:
         key = self._state + turn.session_id
-        raw = cast(bytes | None, await self.redis.get(key))  # the client does not decode responses
+        # the client does not decode responses
+        raw, ended_raw = cast(list[bytes | None], await self.redis.mget(key, self._ended + turn.session_id))
         prev = decode(raw, Turn) if raw else None
+        ended_after = int(ended_raw) if ended_raw is not None else None
+        session_done = turn.session_done or ended_after == turn.turn_index
         out: list[PairedTurn] = []
         if prev is not None:
             if turn.turn_index <= prev.turn_index:
@@ -125,13 +162,17 @@ class Pairer:
                 out.append(
                     PairedTurn(turn=prev, next_state=state, paired_at=time.time(), misaligned=misaligned)
                 )
-        if turn.session_done:
+        if session_done:
             out.append(self._terminal(turn, "session_done"))
+            if ended_after == turn.turn_index:
+                ENDS.labels("closed").inc()
         for paired in out:
             await self.producer.send(TURNS_PAIRED, paired, turn.session_id)
             PAIRS.labels(self._kind(paired)).inc()
         pipe = self.redis.pipeline(transaction=True)
-        if turn.session_done:
+        if ended_after is not None and ended_after <= turn.turn_index:  # used, or outrun by the session
+            pipe.delete(self._ended + turn.session_id)
+        if session_done:
             pipe.delete(key)
             pipe.zrem(self._idle, turn.session_id)
         else:
@@ -184,7 +225,9 @@ async def run_pairer(
     redis = aioredis.from_url(config.redis.url)
     producer = EventProducer(config.kafka, client_id=f"{config.kafka.client_id}-pairer")
     await producer.start()
-    consumer = EventConsumer(config.kafka, [TURNS], config.pairer.group_id, deadletter=producer)
+    consumer = EventConsumer(
+        config.kafka, [TURNS, SESSIONS_ENDED], config.pairer.group_id, deadletter=producer
+    )
     pairer = Pairer(config, redis, producer, behind=consumer.behind)
     log.info(
         "pairer running",

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from schemas import SessionEnded
 from services.config import Config
 from services.engine_client import (
     EXACT_NON_STREAMED,
@@ -44,6 +45,9 @@ log = logging.getLogger("turnstream.proxy")
 
 REQUESTS = Counter("turnstream_proxy_requests_total", "Chat requests", ["turn_type", "stream", "status"])
 LATENCY = Histogram("turnstream_proxy_request_seconds", "Time to the complete response", ["stream"])
+SESSIONS_ENDED = Counter(
+    "turnstream_proxy_sessions_ended_total", "Sessions ended by X-Session-Done on a side request"
+)
 
 # The hot path's label children, looked up once.
 _OK = {turn_type: REQUESTS.labels(turn_type, "false", "200") for turn_type in ("main", "side")}
@@ -131,6 +135,30 @@ class ChatProxy:
             )
             return None
 
+    def end_session(self, session_id: str) -> None:
+        """A side request ended the session (``X-Session-Done``): spool a ``SessionEnded`` naming the session's
+        last main turn, which then gets a terminal pairing, as OpenClaw-RL does. In the background: the user
+        never waits on Redis."""
+
+        async def record() -> None:
+            index: int | None = None
+            try:
+                async with asyncio.timeout(self.pc.redis_timeout_ms / 1000):
+                    index = await self.state.turn_numbers.current(session_id)
+            except Exception as exc:
+                log.warning(
+                    "turn numbering unavailable; the session end closes whichever turn is open",
+                    extra={"session_id": session_id, "error": repr(exc)},
+                )
+            self.state.recorder.record_session_end(
+                SessionEnded(session_id=session_id, after_turn_index=index, ended_at=time.time())
+            )
+            SESSIONS_ENDED.inc()
+
+        task = asyncio.create_task(record())
+        self.state.tasks.add(task)
+        task.add_done_callback(self.state.tasks.discard)
+
     def finish_turn(
         self,
         session: SessionInfo,
@@ -196,6 +224,8 @@ class ChatProxy:
             return openai_error(400, str(exc), "invalid_request_error", "invalid_session")
         headers: dict[str, str] = {}
         index: asyncio.Task[int | None] | None = None
+        if session.turn_type == "side" and session.done and session.session_id is not None:
+            self.end_session(session.session_id)
         if session.turn_type == "main" and (body.get("n") or 1) > 1:
             return openai_error(
                 400,

@@ -26,8 +26,8 @@ from pathlib import Path
 import msgspec
 from prometheus_client import Counter, Gauge
 
-from schemas import Turn, decode, encode
-from schemas.topics import TURNS
+from schemas import SessionEnded, Turn, decode, encode
+from schemas.topics import SESSIONS_ENDED, TURNS
 from services.bus import EventProducer
 from services.config import KafkaConfig
 from services.proxy.spool import Spool
@@ -50,23 +50,28 @@ _KEY_LEN = struct.Struct("<H")
 _UNNUMBERED = (
     0x8000  # flag in the key length (keys are session ids, at most 256 bytes): a nonce follows the key
 )
+_SESSION_END = 0x4000
+"""Flag in the key length: the value is a ``SessionEnded`` for ``sessions.ended``, not a turn."""
 _NONCE_LEN = 16
 
 
-def _pack(key: bytes, value: bytes, nonce: bytes | None = None) -> bytes:
+def _pack(key: bytes, value: bytes, nonce: bytes | None = None, session_end: bool = False) -> bytes:
+    flags = _SESSION_END if session_end else 0
     if nonce is None:
-        return _KEY_LEN.pack(len(key)) + key + value
-    return _KEY_LEN.pack(len(key) | _UNNUMBERED) + key + nonce + value
+        return _KEY_LEN.pack(len(key) | flags) + key + value
+    return _KEY_LEN.pack(len(key) | _UNNUMBERED | flags) + key + nonce + value
 
 
-def _unpack(record: bytes) -> tuple[bytes, bytes, bytes | None]:
-    """(key, value, nonce of an unnumbered turn or None)."""
+def _unpack(record: bytes) -> tuple[bytes, bytes, bytes | None, bool]:
+    """(key, value, nonce of an unnumbered turn or None, whether it is a session end)."""
     (n,) = _KEY_LEN.unpack_from(record)
+    session_end = bool(n & _SESSION_END)
+    n &= ~_SESSION_END
     if not n & _UNNUMBERED:
-        return record[2 : 2 + n], record[2 + n :], None
+        return record[2 : 2 + n], record[2 + n :], None, session_end
     n &= ~_UNNUMBERED
     nonce_end = 2 + n + _NONCE_LEN
-    return record[2 : 2 + n], record[nonce_end:], record[2 + n : nonce_end]
+    return record[2 : 2 + n], record[nonce_end:], record[2 + n : nonce_end], session_end
 
 
 NumberOnce = Callable[[str, bytes], Awaitable[int]]
@@ -125,7 +130,13 @@ class TurnRecorder:
             nonce = uuid.uuid4().bytes
             self._unnumbered += 1
             NUMBERED_LATE.inc()
-        record = _pack(turn.session_id.encode(), encode(turn), nonce)
+        self._spool(_pack(turn.session_id.encode(), encode(turn), nonce))
+
+    def record_session_end(self, ended: SessionEnded) -> None:
+        """Spool a session's end (published to ``sessions.ended``, in spool order with the turns)."""
+        self._spool(_pack(ended.session_id.encode(), encode(ended), session_end=True))
+
+    def _spool(self, record: bytes) -> None:
         if not self._buffer and self.spool is not None:
             try:
                 self.spool.write([record])
@@ -184,6 +195,7 @@ class TurnRecorder:
     async def _publisher(self) -> None:
         assert self.spool is not None
         topic = TURNS.name(self.kafka.namespace)
+        ends = SESSIONS_ENDED.name(self.kafka.namespace)
         backoff = 0.2
         while True:
             if self.spool.pending == 0:
@@ -214,7 +226,7 @@ class TurnRecorder:
             futures = []
             nonces: list[bytes | None] = []
             for rec in records:
-                key, value, nonce = _unpack(rec)
+                key, value, nonce, session_end = _unpack(rec)
                 nonces.append(nonce)
                 if nonce is not None:
                     try:
@@ -223,7 +235,9 @@ class TurnRecorder:
                         futures.append(_failed(exc))
                         break
                 try:
-                    futures.append(await self._producer.send_raw_nowait(topic, value, key))
+                    futures.append(
+                        await self._producer.send_raw_nowait(ends if session_end else topic, value, key)
+                    )
                 except Exception as exc:
                     futures.append(_failed(exc))
             results = await asyncio.gather(*futures, return_exceptions=True)

@@ -33,6 +33,11 @@ class TurnNumbers:
         key = self.prefix + session_id.encode()
         return int(await self.redis.send(b"*2\r\n$4\r\nINCR\r\n$%d\r\n%s\r\n" % (len(key), key)))
 
+    async def current(self, session_id: str) -> int:
+        """The session's last turn number (0 before its first turn). ``INCRBY 0``: an integer reply, the only kind
+        besides status lines that this pipelined client reads."""
+        return int(await self.redis.send(command(b"INCRBY", self.prefix + session_id.encode(), b"0")))
+
     async def number_once(self, session_id: str, nonce: bytes) -> int:
         """The session's next turn number for the turn identified by ``nonce``, the same one however often asked."""
         counter = self.prefix + session_id.encode()

@@ -22,12 +22,12 @@ import msgspec
 import redis.asyncio as aioredis
 
 from schemas.modes import mode_spec
-from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED
+from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, SESSIONS_ENDED, TEACHER, TURNS, TURNS_PAIRED
 from services.bus import EventProducer, read_topic
 from services.config import Config
 from services.launch import free_port_block
 from services.model_store import cache_dir
-from services.replay.select import Range, publish_turns, recorded_turns
+from services.replay.select import Range, publish_turns, recorded_session_ends, recorded_turns
 from services.supervisor import Service, StartupFailed, Supervisor
 from services.topics import create_topics, group_lag
 
@@ -133,7 +133,7 @@ def stages(replay: Config, config_path: str | None) -> list[Service]:
 
 def _groups(replay: Config) -> dict[str, tuple]:  # type: ignore[type-arg]
     groups = {
-        replay.pairer.group_id: (TURNS,),
+        replay.pairer.group_id: (TURNS, SESSIONS_ENDED),
         replay.judge.group_id: (TURNS_PAIRED,),
         replay.dispatcher.group_id: (JUDGMENTS, TEACHER),
     }
@@ -151,8 +151,14 @@ async def _open_sessions(replay: Config) -> int:
 
 
 async def copy_turns(source: Config, replay: Config, span: Range) -> int:
+    """The span's turns, and the session ends among them (the pairer reads both), into the replay namespace."""
     async with EventProducer(replay.kafka, client_id=f"{replay.kafka.client_id}-replay") as producer:
-        return await publish_turns(producer, (rec.event async for rec in recorded_turns(source.kafka, span)))
+        copied = await publish_turns(
+            producer, (rec.event async for rec in recorded_turns(source.kafka, span))
+        )
+        async for ended in recorded_session_ends(source.kafka, span):
+            await producer.send(SESSIONS_ENDED, ended, ended.session_id)
+        return copied
 
 
 async def derive(config: Config, opts: DeriveOptions, config_path: str | None = None) -> DeriveSummary:

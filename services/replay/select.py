@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
-from schemas import PairedTurn, Turn
-from schemas.topics import TURNS, TURNS_PAIRED
+from schemas import PairedTurn, SessionEnded, Turn
+from schemas.topics import SESSIONS_ENDED, TURNS, TURNS_PAIRED
 from services.bus import EventProducer, Record, read_topic
 from services.config import KafkaConfig
 
@@ -55,6 +55,14 @@ async def recorded_turns(kafka: KafkaConfig, span: Range) -> AsyncIterator[Recor
     async for rec in read_topic(kafka, TURNS, since_ms=span.since_ms, timeout_s=600):
         if span.holds(rec):
             yield rec
+
+
+async def recorded_session_ends(kafka: KafkaConfig, span: Range) -> AsyncIterator[SessionEnded]:
+    """The session ends (``sessions.ended``: ``X-Session-Done`` on side requests) of ``kafka.namespace`` in
+    ``span``."""
+    async for rec in read_topic(kafka, SESSIONS_ENDED, since_ms=span.since_ms, timeout_s=600):
+        if span.holds(rec):
+            yield rec.event
 
 
 async def next_states(kafka: KafkaConfig, turn_ids: set[str]) -> dict[str, PairedTurn]:

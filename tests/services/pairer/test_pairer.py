@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from schemas import FunctionCall, Message, PairedTurn, ToolCall, Turn
-from schemas.topics import TURNS
+from schemas import FunctionCall, Message, PairedTurn, SessionEnded, ToolCall, Turn
+from schemas.topics import SESSIONS_ENDED, TURNS, TURNS_PAIRED
 from services.bus import EventProducer, read_topic
 from services.config import Config, KafkaConfig, PairerConfig, RedisConfig
 from services.pairer.worker import next_state
@@ -110,13 +110,24 @@ async def test_pairing_live_and_replayed(pairer_config: Config, kafka: KafkaConf
             now,
         ),  # arrives 99 s after turn 1: past the idle timeout
         turn("quiet", 1, [U], Message(role="assistant", content="x"), now),  # nothing follows
+        turn("side", 1, [U], Message(role="assistant", content="one"), now),
+        turn(
+            "side",
+            2,
+            [U, Message(role="assistant", content="one"), Message(role="user", content="two?")],
+            Message(role="assistant", content="two"),
+            now + 1,
+        ),  # then the client ends the session on a side request (X-Session-Done)
     ]
     async with EventProducer(kafka) as producer:
         for t in turns:
             await producer.send(TURNS, t, t.session_id)
         await producer.send(TURNS, turns[0], "tools")  # a redelivered duplicate is not paired twice
+        await producer.send(
+            SESSIONS_ENDED, SessionEnded(session_id="side", after_turn_index=2, ended_at=now + 2), "side"
+        )
 
-    live = await pair_all(pairer_config, expect=8)
+    live = await pair_all(pairer_config, expect=10)
     by = {(p.turn_id, p.terminal_reason): p for p in live}
     assert by[("tools:1", None)].next_state == [T1, T2] and not by[("tools:1", None)].misaligned
     assert by[("redo:1", None)].misaligned and by[("redo:1", None)].next_state[0].content == "redo"
@@ -125,7 +136,9 @@ async def test_pairing_live_and_replayed(pairer_config: Config, kafka: KafkaConf
     # Sessions left open end by the wall-clock sweep once idle: quiet:1, tools:2, redo:2, gap:2.
     for tid in ("quiet:1", "tools:2", "redo:2", "gap:2"):
         assert (tid, "idle_timeout") in by
-    assert len(live) == 8, [summary(p) for p in live]
+    assert by[("side:1", None)].next_state[0].content == "two?"
+    assert ("side:2", "session_done") in by and ("side:2", "idle_timeout") not in by
+    assert len(live) == 10, [summary(p) for p in live]
 
     # Replay: the same turns into a fresh namespace and Redis prefix give the same pairs.
     replay_kafka = msgspec.structs.replace(kafka, namespace="replay-" + kafka.namespace)
@@ -133,6 +146,8 @@ async def test_pairing_live_and_replayed(pairer_config: Config, kafka: KafkaConf
     async with EventProducer(replay_kafka) as producer:
         async for rec in read_topic(kafka, TURNS):
             await producer.send(TURNS, rec.event, rec.key)
+        async for ended in read_topic(kafka, SESSIONS_ENDED):
+            await producer.send(SESSIONS_ENDED, ended.event, ended.key)
     replay_config = msgspec.structs.replace(
         pairer_config,
         kafka=replay_kafka,
@@ -140,7 +155,7 @@ async def test_pairing_live_and_replayed(pairer_config: Config, kafka: KafkaConf
             pairer_config.redis, key_prefix=pairer_config.redis.key_prefix + "replay:"
         ),
     )
-    replayed = await pair_all(replay_config, expect=8)
+    replayed = await pair_all(replay_config, expect=10)
     assert sorted(map(summary, replayed)) == sorted(map(summary, live))
 
 
@@ -167,3 +182,68 @@ async def test_a_backlog_of_old_turns_is_paired_before_any_idle_sweep(
     for s in sessions:
         assert by[(f"{s}:1", None)].next_state == [follow[1]]
         assert (f"{s}:2", "idle_timeout") in by
+
+
+async def test_a_session_end_closes_the_turn_it_names_whenever_it_arrives(
+    pairer_config: Config, kafka: KafkaConfig
+) -> None:
+    """``sessions.ended`` is not ordered with ``turns``: an end that arrives before the turn it names waits for
+    it; one that names a turn the session has gone past changes nothing; one without a number (the proxy could
+    not read it) closes the open turn; one for a session without turns does nothing."""
+    import redis.asyncio as aioredis
+
+    from services.pairer.worker import ENDS, Pairer
+
+    def counted(outcome: str) -> float:
+        return ENDS.labels(outcome)._value.get()  # type: ignore[no-any-return]
+
+    def reply(sid: str, n: int) -> Turn:
+        history = [
+            U,
+            Message(role="assistant", content=f"{sid}{n - 1}"),
+            Message(role="user", content="more"),
+        ]
+        return turn(sid, n, [U] if n == 1 else history, Message(role="assistant", content=f"{sid}{n}"))
+
+    before = {o: counted(o) for o in ("waiting", "closed", "stale", "no_open_turn")}
+    redis = aioredis.from_url(pairer_config.redis.url)
+    try:
+        async with EventProducer(kafka) as producer:
+            pairer = Pairer(pairer_config, redis, producer)
+            await pairer.on_turn(reply("early", 1))
+            await pairer.on_session_ended(SessionEnded(session_id="early", after_turn_index=2, ended_at=1.0))
+            await pairer.on_turn(reply("early", 2))
+            await pairer.on_turn(reply("past", 1))
+            await pairer.on_turn(reply("past", 2))
+            await pairer.on_session_ended(SessionEnded(session_id="past", after_turn_index=1, ended_at=1.0))
+            await pairer.on_turn(reply("unnumbered", 1))
+            await pairer.on_session_ended(
+                SessionEnded(session_id="unnumbered", after_turn_index=None, ended_at=1.0)
+            )
+            await pairer.on_session_ended(SessionEnded(session_id="empty", after_turn_index=0, ended_at=1.0))
+        open_sessions = {
+            k.decode().rpartition(":")[2]
+            for k in await redis.keys(pairer_config.redis.key_prefix + "pairer:s:*")
+        }
+        waiting_ends = await redis.keys(pairer_config.redis.key_prefix + "pairer:ended:*")
+    finally:
+        await redis.aclose()
+    got = {(p.turn_id, p.terminal_reason) for p in await read_all(kafka)}
+    assert got == {
+        ("early:1", None),
+        ("early:2", "session_done"),
+        ("past:1", None),
+        ("unnumbered:1", "session_done"),
+    }
+    assert open_sessions == {"past"}, "only past:2 waits for its next state"
+    assert waiting_ends == [], "the early end was used"
+    assert {o: counted(o) - before[o] for o in before} == {
+        "waiting": 1,
+        "closed": 2,
+        "stale": 1,
+        "no_open_turn": 1,
+    }
+
+
+async def read_all(kafka: KafkaConfig) -> list[PairedTurn]:
+    return [rec.event async for rec in read_topic(kafka, TURNS_PAIRED)]

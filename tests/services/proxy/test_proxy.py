@@ -12,8 +12,10 @@ import httpx
 import openai
 import pytest
 
+from schemas.topics import SESSIONS_ENDED
 from services.config import Config, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
+from tests.kafka_wait import wait_for_events
 from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, assert_still_serving, pair_all, wait_for_turns
 
@@ -218,11 +220,26 @@ async def test_side_turns_are_not_recorded_and_session_done_is(
         max_tokens=3,
         extra_body={"session_id": "s-done", "turn_type": "main", "session_done": True},
     )
-    turns = await wait_for_turns(kafka, 1)
+    # Two main turns, then the client ends the session on a side request (X-Session-Done, as OpenClaw's clients
+    # do): the end names the last main turn, which the pairer then closes.
+    for _ in range(2):
+        client.chat.completions.create(
+            model="p", messages=msgs, max_tokens=3, extra_headers={"X-Session-Id": "s-ends"}
+        )
+    client.chat.completions.create(
+        model="p",
+        messages=msgs,
+        max_tokens=3,
+        extra_headers={"X-Session-Id": "s-ends", "X-Turn-Type": "side", "X-Session-Done": "true"},
+    )
+    turns = await wait_for_turns(kafka, 3)
+    ends = await wait_for_events(kafka, SESSIONS_ENDED, lambda e: len(e) >= 1)
     await asyncio.sleep(1.0)
-    turns = await wait_for_turns(kafka, 1)
-    assert [t.turn_id for t in turns] == ["s-done:1"]
-    assert turns[0].session_done is True
+    turns = await wait_for_turns(kafka, 3)
+    assert sorted(t.turn_id for t in turns) == ["s-done:1", "s-ends:1", "s-ends:2"]
+    assert [t.session_done for t in turns if t.session_id == "s-done"] == [True]
+    assert [(e.session_id, e.after_turn_index) for e in ends] == [("s-ends", 2)]
+    assert scraped(proxy.url, "turnstream_proxy_sessions_ended_total") == 1
 
 
 async def test_missing_session_id_gets_a_generated_one(proxy: ProxyProcess, kafka: KafkaConfig) -> None:

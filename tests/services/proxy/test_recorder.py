@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from schemas import Message, Turn
@@ -103,3 +104,26 @@ async def test_unnumbered_turns_wait_for_redis_and_an_earlier_runs_backlog_defer
         await numbers.aclose()
     published = [rec.event async for rec in read_topic(kafka, TURNS)]
     assert [(t.turn_id, t.response.text) for t in published] == [("r:1", "first"), ("r:2", "second")]
+
+
+async def test_a_session_end_survives_a_restart_in_the_spool_and_goes_to_its_own_topic(
+    kafka: KafkaConfig, tmp_path: Path
+) -> None:
+    """A session end is spooled like a turn (a restart with Kafka away keeps it) and published to
+    ``sessions.ended``, the turns to ``turns``."""
+    from schemas import SessionEnded
+    from schemas.topics import SESSIONS_ENDED
+
+    away = msgspec.structs.replace(kafka, bootstrap=f"127.0.0.1:{free_port()}")
+    first = TurnRecorder(away, tmp_path / "spool", linger_s=0.0)
+    await first.start()
+    first.record(example_turn("ends", 1))
+    first.record_session_end(SessionEnded(session_id="ends", after_turn_index=1, ended_at=1.0))
+    await first.stop(drain_timeout_s=0.5)
+    again = TurnRecorder(kafka, tmp_path / "spool")
+    await again.start()
+    await published_and_numbered(again)
+    await again.stop()
+    assert [rec.event.turn_id async for rec in read_topic(kafka, TURNS)] == ["ends:1"]
+    ends = [rec.event async for rec in read_topic(kafka, SESSIONS_ENDED)]
+    assert ends == [SessionEnded(session_id="ends", after_turn_index=1, ended_at=1.0)]
