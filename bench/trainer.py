@@ -1,6 +1,6 @@
 """Trainer speed on the CPU, side by side with a plain PyTorch baseline, in one run. Prints JSON.
 
-    .venv/bin/python bench/trainer.py [--batch 16] [--prompt 48] [--response 32] [--steps 3]
+    .venv/bin/python bench/trainer.py [--batch 16] [--prompt 48] [--response 32] [--steps 3] [--recompute auto]
 
 Both take the same optimizer steps on the same SmolLM2 batch (PPO loss of services/trainer/loss.py): turnstream's
 Megatron-core policy (DDP + Megatron's optimizer, the CPU shim) against transformers' model with torch.optim.AdamW.
@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=48)
     ap.add_argument("--response", type=int, default=32)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--recompute", default="auto", choices=["auto", "none", "selective", "full"])
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -101,7 +102,7 @@ def main() -> None:
 
     base = run_baseline(path, samples, args.steps)
 
-    policy = Policy.from_hf(path, TrainerConfig())
+    policy = Policy.from_hf(path, TrainerConfig(recompute=args.recompute))
     ours = timed(
         lambda: train_step(policy.model, policy.optimizer, samples, forward=policy.forward), args.steps
     )
@@ -135,6 +136,7 @@ def main() -> None:
                 },
                 "baseline_transformers_adamw": {"step_s": round(b, 3), "tokens_per_s": round(tokens / b, 1)},
                 "turnstream_megatron": {"step_s": round(o, 3), "tokens_per_s": round(tokens / o, 1)},
+                "recompute": args.recompute,
                 "step_time_ratio_megatron_over_baseline": round(o / b, 3),
                 "export_version_s": round(export_s, 3),
                 "engine_load_version_s": round(load_s, 3),

@@ -263,8 +263,8 @@ class TrainerConfig(_Section):
     """Activation recompute (Megatron's): ``selective`` keeps no attention probabilities for backward (the
     sequence x sequence tensors, cheap to recompute); ``full`` keeps only each layer's input and reruns the layer
     in backward (activations of one layer at a time; on the CPU a step of 8 samples of 150-900 tokens peaks at
-    7.4 GB instead of 21 GB, at the same speed: bench/RESULTS.md); ``none`` keeps everything. ``auto``: ``full``
-    on the CPU, ``selective`` on GPUs."""
+    5.6-7.6 GB instead of 18-21 GB at the same speed; short batches take ~12% longer: bench/RESULTS.md); ``none``
+    keeps everything. ``auto``: ``full`` on the CPU (where memory is what runs out), ``selective`` on GPUs."""
     reference_checkpoint: str = ""
     """Hugging Face folder of the frozen reference for the KL term (default: the starting policy). Loaded only
     when ``kl_coef`` > 0."""
