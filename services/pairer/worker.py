@@ -119,18 +119,14 @@ class Pairer:
     async def on_session_ended(self, ended: SessionEnded) -> None:
         """Close the turn the end names; if it has not arrived yet, remember the end for it."""
         sid, n = ended.session_id, ended.after_turn_index
-        key = self._state + sid
-        raw = cast(bytes | None, await self.redis.get(key))
+        raw = cast(bytes | None, await self.redis.get(self._state + sid))
         prev = decode(raw, Turn) if raw else None
         if raw is not None and prev is not None and (n is None or prev.turn_index == n):
-            await self.producer.send(TURNS_PAIRED, self._terminal(prev, "session_done"), sid)
-            PAIRS.labels("session_done").inc()
-            await self._cad(keys=[key, self._idle], args=[raw, sid])
+            await self._close(sid, raw, prev, "session_done")
             ENDS.labels("closed").inc()
         elif prev is not None and prev.turn_index > (n or 0):
-            ENDS.labels(
-                "stale"
-            ).inc()  # the session went on after the end: its next turn paired the named one
+            # the session went on after the end: its next turn paired the named one
+            ENDS.labels("stale").inc()
         elif not n:
             ENDS.labels("no_open_turn").inc()
         else:
@@ -200,12 +196,16 @@ class Pairer:
             if raw is None:
                 await self.redis.zrem(self._idle, sid_s)
                 continue
-            turn = decode(raw, Turn)
-            await self.producer.send(TURNS_PAIRED, self._terminal(turn, "idle_timeout"), sid_s)
-            PAIRS.labels("idle_timeout").inc()
-            await self._cad(keys=[key, self._idle], args=[raw, sid_s])
+            await self._close(sid_s, raw, decode(raw, Turn), "idle_timeout")
             closed += 1
         return closed
+
+    async def _close(self, sid: str, raw: bytes, turn: Turn, reason: str) -> None:
+        """A terminal pairing for the session's open turn, then its state dropped unless another pairer has
+        moved the session on meanwhile."""
+        await self.producer.send(TURNS_PAIRED, self._terminal(turn, reason), sid)
+        PAIRS.labels(reason).inc()
+        await self._cad(keys=[self._state + sid, self._idle], args=[raw, sid])
 
     async def maybe_sweep(self) -> None:
         now = time.time()

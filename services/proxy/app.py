@@ -8,7 +8,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,15 +125,28 @@ class ChatProxy:
         scheme, _, token = header.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key)
 
-    async def next_turn_index(self, session_id: str) -> int | None:
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Work after (or beside) a response: held until it finishes, awaited at shutdown."""
+        task = asyncio.create_task(work)
+        self.state.tasks.add(task)
+        task.add_done_callback(self.state.tasks.discard)
+
+    async def _turn_number(self, read: Awaitable[int], without: str, session_id: str) -> int | None:
+        """A turn number from Redis within ``proxy.redis_timeout_ms``, or None (logged with what happens
+        ``without`` it): Redis trouble must not fail the user's request."""
         try:
             async with asyncio.timeout(self.pc.redis_timeout_ms / 1000):  # no extra task, unlike wait_for
-                return await self.state.turn_numbers.next(session_id)
-        except Exception as exc:  # Redis trouble must not fail the user's request
+                return await read
+        except Exception as exc:
             log.warning(
-                "turn numbering unavailable; the turn is numbered when published", extra={"error": repr(exc)}
+                f"turn numbering unavailable; {without}", extra={"session_id": session_id, "error": repr(exc)}
             )
             return None
+
+    async def next_turn_index(self, session_id: str) -> int | None:
+        return await self._turn_number(
+            self.state.turn_numbers.next(session_id), "the turn is numbered when published", session_id
+        )
 
     def end_session(self, session_id: str) -> None:
         """A side request ended the session (``X-Session-Done``): spool a ``SessionEnded`` naming the session's
@@ -141,23 +154,17 @@ class ChatProxy:
         never waits on Redis."""
 
         async def record() -> None:
-            index: int | None = None
-            try:
-                async with asyncio.timeout(self.pc.redis_timeout_ms / 1000):
-                    index = await self.state.turn_numbers.current(session_id)
-            except Exception as exc:
-                log.warning(
-                    "turn numbering unavailable; the session end closes whichever turn is open",
-                    extra={"session_id": session_id, "error": repr(exc)},
-                )
+            index = await self._turn_number(
+                self.state.turn_numbers.current(session_id),
+                "the session end closes whichever turn is open",
+                session_id,
+            )
             self.state.recorder.record_session_end(
                 SessionEnded(session_id=session_id, after_turn_index=index, ended_at=time.time())
             )
             SESSIONS_ENDED.inc()
 
-        task = asyncio.create_task(record())
-        self.state.tasks.add(task)
-        task.add_done_callback(self.state.tasks.discard)
+        self.background(record())
 
     def finish_turn(
         self,
@@ -203,9 +210,7 @@ class ChatProxy:
 
         if completion.token_ids is None or completion.prompt_token_ids is None:
             # Re-tokenizing is slow: never on the event loop.
-            task = asyncio.create_task(asyncio.to_thread(build))
-            self.state.tasks.add(task)
-            task.add_done_callback(self.state.tasks.discard)
+            self.background(asyncio.to_thread(build))
         else:
             build()
 
@@ -310,11 +315,7 @@ class ChatProxy:
         if modified_logits(body) is None:
             self.finish_turn(session, index, body, completion, created, version)
             return
-        task = asyncio.create_task(
-            self._rescore_then_finish(session, index, body, completion, created, version)
-        )
-        self.state.tasks.add(task)
-        task.add_done_callback(self.state.tasks.discard)
+        self.background(self._rescore_then_finish(session, index, body, completion, created, version))
 
     async def _rescore_then_finish(
         self,
@@ -413,11 +414,9 @@ class ChatProxy:
                 _LATENCY[True].observe(time.time() - created)
                 if main:
                     if complete:
-                        label = asyncio.create_task(
+                        self.background(
                             self._label_then_finish(session, index, forward, completion, created, epoch)
                         )
-                        self.state.tasks.add(label)
-                        label.add_done_callback(self.state.tasks.discard)
                     else:
                         DROPPED.labels("stream_incomplete").inc()
 

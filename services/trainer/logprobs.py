@@ -31,7 +31,7 @@ def _rows(logits: Tensor) -> Tensor:
 class _TokenFigures(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, logits: Tensor, targets: Tensor, topk_ids: Tensor | None, chunk: int
+        ctx: Any, logits: Tensor, targets: Tensor, topk_ids: Tensor | None, chunk: int, with_entropy: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
         z = _rows(logits)
         n = z.shape[0]
@@ -39,15 +39,16 @@ class _TokenFigures(torch.autograd.Function):
         k = topk_ids.reshape(n, -1) if topk_ids is not None else None
         lse = torch.empty(n, dtype=torch.float32, device=z.device)
         token = torch.empty(n, dtype=torch.float32, device=z.device)
-        entropy = torch.empty(n, dtype=torch.float32, device=z.device)
+        entropy = torch.zeros(n if with_entropy else 0, dtype=torch.float32, device=z.device)
         topk = torch.empty(n, 0 if k is None else k.shape[1], dtype=torch.float32, device=z.device)
         for i in range(0, n, chunk):
             zc = z[i : i + chunk].float()
             lc = torch.logsumexp(zc, -1)
             lse[i : i + chunk] = lc
             token[i : i + chunk] = zc.gather(-1, y[i : i + chunk, None]).squeeze(-1) - lc
-            p = torch.exp(zc - lc[:, None])
-            entropy[i : i + chunk] = lc - (p * zc).sum(-1)
+            if with_entropy:
+                p = torch.exp(zc - lc[:, None])
+                entropy[i : i + chunk] = lc - (p * zc).sum(-1)
             if k is not None:
                 topk[i : i + chunk] = zc.gather(-1, k[i : i + chunk]) - lc[:, None]
         ctx.set_materialize_grads(False)  # an output no term differentiates gets None, and costs nothing
@@ -56,17 +57,21 @@ class _TokenFigures(torch.autograd.Function):
         ctx.save_for_backward(logits, y, lse, entropy, k if k is not None else torch.empty(0))
         ctx.has_topk = k is not None
         batch = logits.shape[:-1]
-        return token.view(batch), entropy.view(batch), topk.view(*batch, topk.shape[1])
+        return (
+            token.view(batch),
+            entropy.view(batch if with_entropy else (0,)),
+            topk.view(*batch, topk.shape[1]),
+        )
 
     @staticmethod
     def backward(
         ctx: Any, g_token: Tensor | None, g_entropy: Tensor | None, g_topk: Tensor | None
-    ) -> tuple[Tensor, None, None, None]:
+    ) -> tuple[Tensor, None, None, None, None]:
         logits, y, lse, entropy, k = ctx.saved_tensors
         z = _rows(logits)
         n = z.shape[0]
         gt = g_token.reshape(n).float() if g_token is not None else None
-        gh = g_entropy.reshape(n).float() if g_entropy is not None else None
+        gh = g_entropy.reshape(n).float() if g_entropy is not None and entropy.numel() else None
         gk = g_topk.reshape(n, -1).float() if g_topk is not None and ctx.has_topk else None
         grad = torch.empty_like(z)
         for i in range(0, n, ctx.chunk):
@@ -88,21 +93,26 @@ class _TokenFigures(torch.autograd.Function):
             if gk is not None:
                 gc.scatter_add_(-1, k[j], gk[j])
             grad[j] = gc.to(grad.dtype)
-        return grad.view(ctx.shape), None, None, None
+        return grad.view(ctx.shape), None, None, None, None
 
 
 def token_figures(
-    logits: Tensor, targets: Tensor, topk_ids: Tensor | None = None, chunk: int = CHUNK
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``[B, S, V]`` logits -> at every position: the log-prob of ``targets`` (``[B, S]``), the entropy, and the
-    log-probs of ``topk_ids`` (``[B, S, K]``, or None), all float32 and differentiable with respect to the logits."""
-    token, entropy, topk = _TokenFigures.apply(logits, targets, topk_ids, chunk)  # type: ignore[no-untyped-call]
-    return token, entropy, (topk if topk_ids is not None else None)
+    logits: Tensor,
+    targets: Tensor,
+    topk_ids: Tensor | None = None,
+    chunk: int = CHUNK,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``[B, S, V]`` logits -> at every position: the log-prob of ``targets`` (``[B, S]``), the entropy (None
+    without ``with_entropy``: it costs a second pass over each chunk), and the log-probs of ``topk_ids``
+    (``[B, S, K]``, or None), all float32 and differentiable with respect to the logits."""
+    token, entropy, topk = _TokenFigures.apply(logits, targets, topk_ids, chunk, with_entropy)  # type: ignore[no-untyped-call]
+    return token, (entropy if with_entropy else None), (topk if topk_ids is not None else None)
 
 
 def shifted(
-    logits: Tensor, tokens: Tensor, topk_ids: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor | None]:
+    logits: Tensor, tokens: Tensor, topk_ids: Tensor | None = None, with_entropy: bool = True
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The training view of ``token_figures``: ``[B, S - 1]`` figures where index ``t`` scores ``tokens[:, t + 1]``
     from the logits at ``t`` (``topk_ids`` is ``[B, S - 1, K]`` in that indexing). The last position, which
     predicts nothing, is computed with placeholder targets and cut off: slicing the logits instead would copy
@@ -111,5 +121,9 @@ def shifted(
     ids = None
     if topk_ids is not None:
         ids = torch.cat([topk_ids, topk_ids[:, :1]], dim=1)
-    token, entropy, topk = token_figures(logits, targets, ids)
-    return token[:, :-1], entropy[:, :-1], (topk[:, :-1] if topk is not None else None)
+    token, entropy, topk = token_figures(logits, targets, ids, with_entropy=with_entropy)
+    return (
+        token[:, :-1],
+        (entropy[:, :-1] if entropy is not None else None),
+        (topk[:, :-1] if topk is not None else None),
+    )

@@ -157,7 +157,7 @@ def check_seams(settings: TrainerConfig) -> None:
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """``[B, S, V]`` logits, ``[B, S]`` tokens -> ``[B, S - 1]`` log-prob of each token after the first."""
-    return shifted(logits, tokens)[0]
+    return shifted(logits, tokens, with_entropy=False)[0]
 
 
 def micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]]:
@@ -262,6 +262,7 @@ def micro_loss(
     never changes the update. Returns the loss and detached sums for reporting."""
     topk_ids = c.topk_ids if settings.topk_coef else None
     new, entropy, student = shifted(logits, c.tokens, topk_ids)
+    assert entropy is not None  # always reported
     x = loss_terms.LossInputs(logits, new, entropy, student, c, settings, total, topk_total, ref_logprobs)
     loss: Tensor | None = None
     sums: dict[str, Tensor] = {}

@@ -65,7 +65,8 @@ def test_bf16_logits_give_float32_figures_and_a_bf16_gradient() -> None:
     logits, targets, topk = _case(torch.bfloat16, False)
     ours = logits.detach().clone().requires_grad_(True)
     token, entropy, student = token_figures(ours, targets, topk, chunk=4)
-    assert token.dtype == entropy.dtype == torch.float32 and student is not None
+    assert entropy is not None and student is not None
+    assert token.dtype == entropy.dtype == torch.float32
     token.sum().backward()
     assert ours.grad is not None and ours.grad.dtype == torch.bfloat16
     ref = logits.detach().clone().requires_grad_(True)
@@ -74,12 +75,27 @@ def test_bf16_logits_give_float32_figures_and_a_bf16_gradient() -> None:
     torch.testing.assert_close(ours.grad.float(), ref.grad.float(), rtol=2e-2, atol=2e-2)
 
 
+def test_without_the_entropy_the_log_probs_and_their_gradient_are_the_same() -> None:
+    """The no-grad forwards (reference, recomputed pi_old) skip the entropy's pass over each chunk."""
+    logits, targets, topk = _case(torch.float32, False)
+    grads = []
+    for with_entropy in (True, False):
+        x = logits.detach().clone().requires_grad_(True)
+        token, entropy, student = token_figures(x, targets, topk, chunk=4, with_entropy=with_entropy)
+        assert (entropy is None) == (not with_entropy) and student is not None
+        (token.sum() + student.sum()).backward()
+        grads.append((token.detach(), x.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=0, atol=0)
+
+
 def test_shifted_scores_each_token_from_the_position_before_it() -> None:
     logits, tokens, _ = _case(torch.float32, False)
     topk = torch.randint(0, 50, (3, 6, 2))
     token, entropy, student = shifted(logits, tokens, topk)
     want = _reference(logits[:, :-1], tokens[:, 1:], topk)
-    assert token.shape == entropy.shape == (3, 6) and student is not None and student.shape == (3, 6, 2)
+    assert entropy is not None and student is not None
+    assert token.shape == entropy.shape == (3, 6) and student.shape == (3, 6, 2)
     torch.testing.assert_close(token, want[0])
     torch.testing.assert_close(entropy, want[1])
     torch.testing.assert_close(student, want[2])
