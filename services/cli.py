@@ -128,12 +128,42 @@ def _parser() -> argparse.ArgumentParser:
     trainer.add_argument(
         "--max-steps", type=int, help="stop after this many steps (default: trainer.max_steps)"
     )
+    _plan_parser(trainer.add_subparsers(dest="trainer_command"))
 
     cfg = sub.add_parser("config", help="print the resolved configuration as JSON")
     cfg.add_argument("action", choices=["show"])
 
     _replay_parser(sub)
     return p
+
+
+def _plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    plan = sub.add_parser(
+        "plan", help="the trainer's memory per GPU for a model and layout, and a layout that fits"
+    )
+    plan.add_argument("--hf-checkpoint", help="folder (or its config.json) (default: trainer.hf_checkpoint)")
+    plan.add_argument("--gpus", type=int, default=1, help="GPUs the trainer gets (default 1)")
+    plan.add_argument("--gpu-memory-gib", type=float, default=140.0, help="per GPU (default 140: an H200)")
+    plan.add_argument("--tp", type=int, help="plan this tensor-parallel size (default: propose a layout)")
+    plan.add_argument("--pp", type=int, help="plan this pipeline-parallel size (default: propose a layout)")
+    plan.add_argument("--micro-batch-tokens", type=int, help="default: trainer.micro_batch_tokens")
+    plan.add_argument("--seq-len", type=int, help="longest sample (default: the micro-batch budget)")
+    plan.add_argument(
+        "--recompute",
+        choices=["none", "selective", "full"],
+        help="default: trainer.recompute (auto: selective)",
+    )
+    plan.add_argument(
+        "--attention",
+        choices=["local", "fused"],
+        default="local",
+        help="Megatron's local attention (what the trainer runs today) or Transformer Engine's fused one",
+    )
+    plan.add_argument("--fp32", action="store_true", help="fp32 weights (default bf16, as on GPUs)")
+    plan.add_argument(
+        "--kl", action="store_true", default=None, help="with the reference model (default: kl_coef > 0)"
+    )
+    plan.add_argument("--json", action="store_true", help="the plans as JSON")
 
 
 def _replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -332,6 +362,11 @@ _WORKERS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
 
 def _worker(config: Config, args: argparse.Namespace) -> int:
     import importlib
+
+    if getattr(args, "trainer_command", None) == "plan":
+        from services.trainer.plan_cli import run_plan
+
+        return run_plan(config, args)
 
     module, function, section, flags = _WORKERS[args.command]
     try:

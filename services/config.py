@@ -275,6 +275,9 @@ class TrainerConfig(_Section):
     """Model-parallel sizes; data parallelism is the rest of torchrun's world size."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """``auto``: bf16 on GPUs, fp32 on the CPU."""
+    gpu_memory_gib: NonNegFloat = 0.0
+    """Memory each trainer process may use (GiB); the trainer refuses at start a layout whose memory plan
+    (``turnstream trainer plan``) needs more. 0: the GPU's free memory at start (no check on the CPU)."""
     old_logprobs: Literal["rollout", "recompute", "decoupled"] = "rollout"
     """pi_old in the PPO ratio and the OPD gap: ``rollout``, the log-probs the engine recorded (up to
     ``max_staleness`` versions old); ``recompute``, the weights about to be trained, by a no-grad forward before

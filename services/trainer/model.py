@@ -92,7 +92,8 @@ def build_model(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from services.trainer.cpu_shim import cpu_allocations
-    from services.trainer.parallel import ParallelLayout, padded_vocab
+    from services.trainer.parallel import ParallelLayout
+    from services.trainer.spec import padded_vocab
 
     layout = layout or ParallelLayout()
     granularity = recompute_for(recompute)

@@ -25,9 +25,7 @@ import msgspec
 import torch
 from torch import Tensor
 
-from services.trainer.spec import ModelSpec
-
-VOCAB_MULTIPLE = 128
+from services.trainer.spec import ModelSpec, padded_vocab
 
 _COLUMN = ("self_attention.linear_qkv.weight",)
 _ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
@@ -104,15 +102,6 @@ class ParallelLayout(msgspec.Struct, frozen=True):
             )
         if problems:
             raise ValueError("parallel layout refused: " + "; ".join(problems))
-
-
-def padded_vocab(vocab_size: int, tp: int) -> int:
-    """Vocab rows of the embedding and output layer: unchanged without TP (the exact Hugging Face shapes), else
-    padded so each TP rank holds an equal, aligned slice."""
-    if tp == 1:
-        return vocab_size
-    multiple = VOCAB_MULTIPLE * tp
-    return -(-vocab_size // multiple) * multiple
 
 
 def stage_layers(num_layers: int, pp: int, pp_rank: int) -> range:

@@ -39,6 +39,28 @@ def _load(
     return module
 
 
+def check_memory(spec: ModelSpec, config: TrainerConfig, layout: ParallelLayout, dtype: torch.dtype) -> None:
+    """Refuse a layout whose memory plan exceeds ``trainer.gpu_memory_gib`` (default: the GPU's free memory)
+    before any weight is read."""
+    from services.trainer.memory import GIB, check_fits, for_trainer
+    from services.trainer.model import recompute_for
+
+    limit = config.gpu_memory_gib
+    if not limit and torch.cuda.is_available():
+        limit = torch.cuda.mem_get_info()[0] / GIB
+    if not limit:
+        return
+    lay = for_trainer(
+        config,
+        tp=layout.tp,
+        pp=layout.pp,
+        dp=layout.dp,
+        dtype_bytes=2 if dtype == torch.bfloat16 else 4,
+        recompute=recompute_for(config.recompute),
+    )
+    check_fits(spec, lay, limit)
+
+
 class Policy:
     def __init__(
         self,
@@ -75,6 +97,7 @@ class Policy:
         spec = ModelSpec.from_dir(path)
         layout.validate(spec, config.rollout_batch_size)
         dtype = dtype_for(config.precision)
+        check_memory(spec, config, layout, dtype)
         module = _load(spec, path, dtype, layout, config.recompute)
         reference = None
         if config.kl_coef > 0:

@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 
+VOCAB_MULTIPLE = 128
+
 FAMILIES = {"llama": ("LlamaForCausalLM",), "qwen3": ("Qwen3ForCausalLM",)}
 
 
@@ -63,3 +65,12 @@ class ModelSpec(msgspec.Struct, frozen=True):
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelSpec:
         return cls.from_hf(json.loads((Path(path) / "config.json").read_text()))
+
+
+def padded_vocab(vocab_size: int, tp: int) -> int:
+    """Vocab rows of the embedding and output layer: unchanged without TP (the exact Hugging Face shapes), else
+    padded so each TP rank holds an equal, aligned slice."""
+    if tp == 1:
+        return vocab_size
+    multiple = VOCAB_MULTIPLE * tp
+    return -(-vocab_size // multiple) * multiple
