@@ -110,7 +110,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = TrainerStore(tmp)
         t0 = time.perf_counter()
-        version_path, _ = store.write_version(1, policy.export(), path)
+        version_path, _ = store.write_version(1, policy.entries(), policy.hf_stream(), path)
         export_s = time.perf_counter() - t0
         engine = EngineProcess(path)
         try:

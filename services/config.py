@@ -257,6 +257,11 @@ class TrainerConfig(_Section):
     """Stop after this many steps in this run (0: run until stopped)."""
     keep_versions: PositiveInt = 5
     """Published weight folders kept on disk (older ones are deleted; the engine has loaded them by then)."""
+    checkpoint_every_steps: PositiveInt = 10
+    checkpoint_every_s: PositiveFloat = 1800.0
+    """A full checkpoint (model and optimizer state, ~16 bytes per parameter: 112 GB at 8B) after this many steps
+    or seconds since the last, whichever comes first, and at a clean stop. Weight versions are written every step;
+    a restart replays the steps since the last full checkpoint from the samples topic (recorded per step)."""
     micro_batch_tokens: PositiveInt = 8192
     """Forward/backward passes hold at most this many (padded) tokens; gradients accumulate across them."""
     recompute: Literal["auto", "none", "selective", "full"] = "auto"
@@ -275,6 +280,13 @@ class TrainerConfig(_Section):
     """Model-parallel sizes; data parallelism is the rest of torchrun's world size."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """``auto``: bf16 on GPUs, fp32 on the CPU."""
+    collective_timeout_s: PositiveFloat = 600.0
+    """How long a step's tensor collective (NCCL on GPUs) waits for a peer before the rank fails. Ranks waiting
+    for the next batch wait on a separate gloo group without a practical timeout, so idle traffic never trips it."""
+    distributed_optimizer: bool = True
+    """Megatron's distributed optimizer: the fp32 main weights and Adam's moments (12 of the ~18 bytes per
+    parameter in bf16) sharded over data-parallel ranks; each rank checkpoints its shard. A checkpoint resumes
+    only with the setting it was written with."""
     gpu_memory_gib: NonNegFloat = 0.0
     """Memory each trainer process may use (GiB); the trainer refuses at start a layout whose memory plan
     (``turnstream trainer plan``) needs more. 0: the GPU's free memory at start (no check on the CPU)."""

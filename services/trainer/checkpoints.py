@@ -1,23 +1,29 @@
-"""The trainer's durable state on disk: published weight versions and resumable checkpoints.
+"""The trainer's durable state on disk: published weight versions, a record per step, and full checkpoints.
 
 ``<root>/versions/v<N>/``: Hugging Face safetensors plus the base model's config and tokenizer files, written to a
-temporary folder and renamed into place, so an engine never sees half a version. ``<root>/checkpoints/``: model
-and optimizer state (one file per rank of the parallel layout), the ``samples`` offsets the step consumed up to,
-and the ids of the samples each version was trained on; ``latest.json`` names the newest and is replaced
-atomically after the checkpoint is complete. With several ranks, ``<root>`` must be one shared filesystem.
+temporary folder and renamed into place, so an engine never sees half a version; written every step (what
+SGLang loads). ``<root>/checkpoints/steps/v<N>.json``: what step N trained on (sample ids, the ``samples`` offsets
+before and after it), a few hundred bytes, every step. ``<root>/checkpoints/ckpt-v<N>/``: model and optimizer
+state (one file per rank of the parallel layout), the offsets and the lineage of trained sample ids, every
+``trainer.checkpoint_every_steps`` steps or ``checkpoint_every_s`` seconds (and at a clean stop);
+``latest.json`` names the newest and is replaced atomically after it is complete. A restart loads the newest
+full checkpoint and replays the recorded steps after it from the same samples, so that no sample is trained
+twice or lost. With several ranks, ``<root>`` must be one shared filesystem.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import torch
+
+from services.trainer.safetensors_stream import Entry, StreamWriter
 
 _COPY = (
     "config.json",
@@ -42,6 +48,18 @@ class CheckpointMeta(msgspec.Struct):
     base_model: str
 
 
+class StepRecord(msgspec.Struct):
+    """One optimizer step, recorded when its version is on disk: enough to replay it from the samples topic."""
+
+    version: int
+    sample_ids: list[str]
+    offsets_before: dict[str, int]
+    """``"<partition>"`` -> where consumption resumed for this step's batch (the previous step's ``offsets``)."""
+    offsets: dict[str, int]
+    """``"<partition>"`` -> the next offset to consume after this step (pending samples read again)."""
+    samples_trained: int
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -55,33 +73,75 @@ class TrainerStore:
         self.root = Path(root)
         self.versions = self.root / "versions"
         self.checkpoints = self.root / "checkpoints"
+        self.steps = self.checkpoints / "steps"
         self.versions.mkdir(parents=True, exist_ok=True)
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        self.steps.mkdir(parents=True, exist_ok=True)
 
     def write_version(
-        self, version: int, tensors: dict[str, torch.Tensor], base: str | Path
+        self,
+        version: int,
+        entries: Sequence[Entry],
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        base: str | Path,
     ) -> tuple[Path, str]:
-        """Write ``versions/v<version>`` atomically; returns (path, sha256 of the weights file)."""
-        from safetensors.torch import save_file
-
+        """Write ``versions/v<version>`` atomically, one tensor at a time as ``tensors`` yields them (in
+        ``entries``' order); returns (path, sha256 of the weights file, computed while writing)."""
         final = self.versions / f"v{version}"
         tmp = self.versions / f".v{version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        weights = tmp / "model.safetensors"
-        save_file(tensors, str(weights), metadata={"format": "pt"})
+        with StreamWriter(tmp / "model.safetensors", entries) as writer:
+            for name, tensor in tensors:
+                writer.write(name, tensor)
         for name in _COPY:
             src = Path(base) / name
             if src.exists():
                 shutil.copyfile(src, tmp / name)
-        digest = hashlib.sha256(weights.read_bytes()).hexdigest()
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+                with open(tmp / name, "rb") as fh:
+                    os.fsync(fh.fileno())
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         _fsync_dir(self.versions)
-        return final, digest
+        return final, writer.sha256
+
+    def write_step(self, record: StepRecord) -> None:
+        """Record a step (atomically), after its version is on disk and before it is announced."""
+        path = self.steps / f"v{record.version}.json"
+        tmp = self.steps / f".v{record.version}.json.tmp"
+        tmp.write_bytes(msgspec.json.encode(record))
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.steps)
+
+    def steps_after(self, version: int) -> list[StepRecord]:
+        """The recorded steps after ``version``, in order; a gap (a record lost) is refused, as replaying around
+        it would train the policy on a different history than the one it published."""
+        found = sorted(
+            (int(p.stem[1:]), p)
+            for p in self.steps.glob("v*.json")
+            if p.stem[1:].isdigit() and int(p.stem[1:]) > version
+        )
+        records = [msgspec.json.decode(p.read_bytes(), type=StepRecord) for _, p in found]
+        for expected, record in enumerate(records, start=version + 1):
+            if record.version != expected:
+                raise RuntimeError(
+                    f"step records after checkpoint v{version} have a gap at v{expected} ({self.steps})"
+                )
+        return records
+
+    def newest_version(self) -> int:
+        """The newest recorded step's version (0: none; the checkpoint's when no step came after it)."""
+        found = self.latest()
+        base = found[0].version if found else 0
+        records = self.steps_after(base)
+        return records[-1].version if records else base
+
+    def lineage(self) -> list[list[str]]:
+        """The sample ids of every step behind the newest version, oldest first."""
+        found = self.latest()
+        trained = list(found[0].trained) if found else []
+        return trained + [r.sample_ids for r in self.steps_after(found[0].version if found else 0)]
 
     def prune_versions(self, keep: int, protect: int) -> None:
         found = sorted(
@@ -130,6 +190,9 @@ class TrainerStore:
         for old in self.checkpoints.glob("ckpt-v*"):
             if old.name != final.name:
                 shutil.rmtree(old, ignore_errors=True)
+        for record in self.steps.glob("v*.json"):  # the checkpoint's lineage holds them now
+            if record.stem[1:].isdigit() and int(record.stem[1:]) <= meta.version:
+                record.unlink(missing_ok=True)
 
     def save(self, meta: CheckpointMeta, model_state: dict[str, Any], optimizer_state: Any) -> None:
         """A single-process checkpoint: stage, write rank 0's state, commit."""

@@ -1,11 +1,34 @@
 """The few collectives the trainer's control flow needs across torchrun ranks. Rank 0 alone talks to Kafka and
-decides; the other ranks follow its commands. With one process each call is a no-op."""
+decides; the other ranks follow its commands. With one process each call is a no-op.
+
+Commands travel on a gloo group of their own with no practical timeout (``CONTROL_TIMEOUT``): a rank waiting
+for rank 0's next command may wait as long as traffic pauses (a quiet night), whereas the tensor collectives of a
+step (NCCL on GPUs) keep ``trainer.collective_timeout_s``, short enough to notice a hung peer. Barriers around
+checkpoint writes are control too: writing an 8B version can outlast NCCL's timeout on a slow disk."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from services.trainer.parallel import ParallelLayout
+
+CONTROL_TIMEOUT = timedelta(days=365)
+_control: Any = None
+
+
+def init_control() -> None:
+    """Create the control group (a collective: every rank calls it once, after the process group exists)."""
+    global _control
+    import torch.distributed as dist
+
+    if _control is None and dist.is_initialized() and dist.get_world_size() > 1:
+        _control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+
+
+def drop_control() -> None:
+    global _control
+    _control = None
 
 
 def broadcast(obj: Any, layout: ParallelLayout) -> Any:
@@ -15,7 +38,7 @@ def broadcast(obj: Any, layout: ParallelLayout) -> Any:
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=_control)
     return box[0]
 
 
@@ -23,4 +46,4 @@ def barrier(layout: ParallelLayout) -> None:
     if layout.distributed:
         import torch.distributed as dist
 
-        dist.barrier()
+        dist.barrier(group=_control)

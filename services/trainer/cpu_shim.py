@@ -32,6 +32,10 @@ class _CudaToCpu(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # Megatron's optimizers accept parameters whose type() names a CUDA tensor; the query form only.
+            name: str = func(*args)
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
         device = kwargs.get("device")
         if device is not None and str(device).startswith("cuda"):
             kwargs = {**kwargs, "device": "cpu"}

@@ -305,7 +305,7 @@ def for_trainer(
         dp=dp,
         micro_batch_tokens=config.micro_batch_tokens,
         recompute=recompute,
-        distributed_optimizer=False,
+        distributed_optimizer=config.distributed_optimizer,
         dtype_bytes=dtype_bytes,
         reference=config.kl_coef > 0,
         vocab_parallel_logits=False,

@@ -22,13 +22,19 @@ if TYPE_CHECKING:
     from services.trainer.parallel import ParallelLayout
 
 
-def init_parallel(layout: ParallelLayout | None = None, seed: int = 1234) -> ParallelLayout:
-    """The process group (NCCL on GPUs, gloo on the CPU), Megatron's TP/PP groups and the model-parallel RNG.
-    Idempotent. Without a layout: world size 1, enough for a GPTModel in one CPU process."""
+def init_parallel(
+    layout: ParallelLayout | None = None, seed: int = 1234, timeout_s: float = 600.0
+) -> ParallelLayout:
+    """The process group (NCCL on GPUs, gloo on the CPU; ``timeout_s`` for its collectives), the control group
+    (``collective.py``), Megatron's TP/PP groups and the model-parallel RNG. Idempotent. Without a layout: world
+    size 1, enough for a GPTModel in one CPU process."""
+    from datetime import timedelta
+
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mrandom
 
+    from services.trainer.collective import init_control
     from services.trainer.cpu_shim import apply_cpu_shim
     from services.trainer.parallel import ParallelLayout
 
@@ -38,12 +44,14 @@ def init_parallel(layout: ParallelLayout | None = None, seed: int = 1234) -> Par
         if not cpu:
             torch.cuda.set_device(layout.local_rank)
         backend = "gloo" if cpu else "nccl"
+        timeout = timedelta(seconds=timeout_s)
         if layout.distributed:  # torchrun's rendezvous (MASTER_ADDR, MASTER_PORT)
-            dist.init_process_group(backend, rank=layout.rank, world_size=layout.world_size)
+            dist.init_process_group(backend, rank=layout.rank, world_size=layout.world_size, timeout=timeout)
         else:  # one process: an in-memory store, no port to pick or race for
             # torch's stubs do not re-export HashStore from torch.distributed, where it is documented.
             store = dist.HashStore()  # type: ignore[attr-defined]
-            dist.init_process_group(backend, store=store, rank=0, world_size=1)
+            dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+        init_control()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(layout.tp, layout.pp)
     if cpu:
@@ -62,10 +70,13 @@ def shutdown_parallel(layout: ParallelLayout) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
+    from services.trainer.collective import barrier, drop_control
+
     if not layout.distributed or not dist.is_initialized():
         return
-    dist.barrier()  # no rank tears down while another still talks to it
+    barrier(layout)  # no rank tears down while another still talks to it
     parallel_state.destroy_model_parallel()
+    drop_control()
     dist.destroy_process_group()
 
 
@@ -172,12 +183,17 @@ def hf_to_megatron(spec: ModelSpec, hf: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def megatron_to_hf(spec: ModelSpec, mc: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The inverse of ``hf_to_megatron`` (contiguous tensors, ready for safetensors)."""
+    """The inverse of ``hf_to_megatron`` (contiguous tensors, ready for safetensors), in ``hf_entries``' order.
+    ``mc`` may hold part of the model (``export.py`` converts one layer at a time): what it holds is converted."""
     nq, nkv, hd, h = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.hidden_size
     r = nq // nkv
-    out: dict[str, Tensor] = {"model.embed_tokens.weight": mc["embedding.word_embeddings.weight"]}
+    out: dict[str, Tensor] = {}
+    if "embedding.word_embeddings.weight" in mc:
+        out["model.embed_tokens.weight"] = mc["embedding.word_embeddings.weight"]
     for i in range(spec.num_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+        if src + "self_attention.linear_qkv.weight" not in mc:
+            continue
         qkv = mc[src + "self_attention.linear_qkv.weight"].view(nkv, (r + 2) * hd, h)
         q, k, v = torch.split(qkv, [r * hd, hd, hd], dim=1)
         out[dst + "self_attn.q_proj.weight"] = q.reshape(nq * hd, h)
@@ -193,10 +209,42 @@ def megatron_to_hf(spec: ModelSpec, mc: dict[str, Tensor]) -> dict[str, Tensor]:
         if spec.family == "qwen3":
             out[dst + "self_attn.q_norm.weight"] = mc[src + "self_attention.q_layernorm.weight"]
             out[dst + "self_attn.k_norm.weight"] = mc[src + "self_attention.k_layernorm.weight"]
-    out["model.norm.weight"] = mc["decoder.final_layernorm.weight"]
-    if not spec.tie_embeddings:
+    if "decoder.final_layernorm.weight" in mc:
+        out["model.norm.weight"] = mc["decoder.final_layernorm.weight"]
+    if not spec.tie_embeddings and "output_layer.weight" in mc:
         out["lm_head.weight"] = mc["output_layer.weight"]
     return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face tensor's shape, in the order ``megatron_to_hf`` produces them."""
+    nq, nkv, hd, h, f = (
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        spec.hidden_size,
+        spec.ffn_hidden_size,
+    )
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, h)}
+    for i in range(spec.num_layers):
+        dst = f"model.layers.{i}."
+        out |= {
+            dst + "self_attn.q_proj.weight": (nq * hd, h),
+            dst + "self_attn.k_proj.weight": (nkv * hd, h),
+            dst + "self_attn.v_proj.weight": (nkv * hd, h),
+            dst + "self_attn.o_proj.weight": (h, nq * hd),
+            dst + "input_layernorm.weight": (h,),
+            dst + "post_attention_layernorm.weight": (h,),
+            dst + "mlp.gate_proj.weight": (f, h),
+            dst + "mlp.up_proj.weight": (f, h),
+            dst + "mlp.down_proj.weight": (h, f),
+        }
+        if spec.family == "qwen3":
+            out |= {dst + "self_attn.q_norm.weight": (hd,), dst + "self_attn.k_norm.weight": (hd,)}
+    out["model.norm.weight"] = (h,)
+    if not spec.tie_embeddings:
+        out["lm_head.weight"] = (spec.vocab_size, h)
+    return out
 
 
 def read_hf_weights(path: str | Path) -> dict[str, Tensor]:

@@ -128,7 +128,8 @@ def _split(name: str, t: Tensor, tp: int, tp_rank: int) -> Tensor:
     return t
 
 
-def _join(name: str, parts: list[Tensor]) -> Tensor:
+def join(name: str, parts: list[Tensor]) -> Tensor:
+    """The tensor-parallel shards of one local name, put back together (``_split``'s inverse)."""
     if len(parts) == 1:
         return parts[0]
     if name.endswith(_COLUMN) or name.endswith(_VOCAB):
@@ -189,17 +190,35 @@ def unshard(
                 continue  # the last stage's copy of the embedding
             else:
                 global_name = name
-            joined = _join(name, [r[name] for r in ranks])
+            joined = join(name, [r[name] for r in ranks])
             if name in _VOCAB:
                 joined = joined[: spec.vocab_size]
             full[global_name] = joined
     return full
 
 
-def dtype_for(precision: str) -> torch.dtype:
-    """``auto``: bf16 where CUDA is present (the GPU path), fp32 on the CPU."""
+def gpus_expected(env: Mapping[str, str] | None = None) -> str | None:
+    """The variable that says this process was given GPUs (the NVIDIA container runtime's, or CUDA's), if any:
+    a container started with GPUs that torch cannot see has a driver problem, not a CPU job."""
+    env = os.environ if env is None else env
+    for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        value = env.get(name, "").strip().lower()
+        if value and value not in ("void", "none", "-1"):
+            return f"{name}={env[name]}"
+    return None
+
+
+def dtype_for(precision: str, env: Mapping[str, str] | None = None) -> torch.dtype:
+    """``auto``: bf16 where CUDA is present (the GPU path), fp32 on the CPU; but never a silent CPU fallback
+    when the process was given GPUs that torch cannot use."""
     cuda = torch.cuda.is_available()
     if precision == "auto":
+        expected = None if cuda else gpus_expected(env)
+        if expected:
+            raise ValueError(
+                f"{expected} but torch sees no CUDA device (driver too old for torch's CUDA build, or the GPUs "
+                "are not passed through): refusing to train on the CPU; set trainer.precision = fp32 to mean it"
+            )
         return torch.bfloat16 if cuda else torch.float32
     if precision == "bf16" and not cuda:
         raise ValueError(

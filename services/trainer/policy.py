@@ -7,6 +7,7 @@ One process (the CPU, or one GPU) is the special case of the torchrun layout: wo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,11 @@ import torch
 from schemas import Sample
 from services.config import TrainerConfig
 from services.trainer.cpu_shim import cpu_allocations
-from services.trainer.model import (
-    build_model,
-    forward_logits,
-    init_parallel,
-    load_hf_into,
-    local_state,
-    megatron_to_hf,
-    read_hf_weights,
-)
-from services.trainer.parallel import ParallelLayout, dtype_for, unshard
+from services.trainer.export import hf_entries, hf_stream, local_parameters
+from services.trainer.model import build_model, forward_logits, init_parallel, load_hf_into, read_hf_weights
+from services.trainer.optimizer_state import load_optimizer_state, optimizer_state
+from services.trainer.parallel import ParallelLayout, dtype_for
+from services.trainer.safetensors_stream import Entry
 from services.trainer.spec import ModelSpec
 from services.trainer.step import StepStats, check_seams, train_step
 
@@ -92,7 +88,8 @@ class Policy:
 
         check_seams(config)  # a plugin that does not fit fails here, before minutes of model loading
         layout = init_parallel(
-            layout or ParallelLayout(tp=config.tensor_parallel, pp=config.pipeline_parallel)
+            layout or ParallelLayout(tp=config.tensor_parallel, pp=config.pipeline_parallel),
+            timeout_s=config.collective_timeout_s,
         )
         spec = ModelSpec.from_dir(path)
         layout.validate(spec, config.rollout_batch_size)
@@ -110,7 +107,9 @@ class Policy:
         ddp = DistributedDataParallel(
             module.config,
             DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=config.distributed_optimizer,
             ),
             module,
         )
@@ -123,7 +122,7 @@ class Policy:
             clip_grad=config.clip_grad,
             bf16=dtype == torch.bfloat16,
             params_dtype=dtype,
-            use_distributed_optimizer=False,
+            use_distributed_optimizer=config.distributed_optimizer,
         )
         with cpu_allocations():
             optimizer = get_megatron_optimizer(opt_config, [ddp])
@@ -148,27 +147,24 @@ class Policy:
             layout=self.layout,
         )
 
-    def export(self) -> dict[str, torch.Tensor]:
-        """The whole model as Hugging Face tensors, on rank 0 (a collective; other ranks get ``{}``): each
-        model-parallel part of data-parallel replica 0 is gathered and the split undone."""
-        local = local_state(self.module)
-        lay = self.layout
-        if not lay.distributed:
-            return megatron_to_hf(self.spec, local)
-        import torch.distributed as dist
+    def entries(self) -> list[Entry]:
+        """Name, dtype and shape of every exported Hugging Face tensor, in ``hf_stream`` order."""
+        dtype = next(iter(self.module.parameters())).dtype
+        return hf_entries(self.spec, dtype)
 
-        mine = ((lay.pp_rank, lay.tp_rank), local) if lay.dp_rank == 0 else (None, None)
-        gathered: list[Any] | None = [None] * lay.world_size if lay.rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
-        if gathered is None:
-            return {}
-        parts = {key: part for key, part in gathered if key is not None}
-        return megatron_to_hf(self.spec, unshard(parts, self.spec, lay.tp, lay.pp))
+    def hf_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model as Hugging Face tensors, one at a time, on rank 0 (a collective: every rank iterates it;
+        the others get nothing)."""
+        return hf_stream(self.spec, self.layout, local_parameters(self.module))
+
+    def export(self) -> dict[str, torch.Tensor]:
+        """The whole model as Hugging Face tensors, on rank 0 (a collective; other ranks get ``{}``)."""
+        return dict(self.hf_stream())
 
     def state(self) -> tuple[dict[str, Any], Any]:
         """This rank's model and optimizer state, for its checkpoint file."""
-        return self.module.state_dict(), self.optimizer.state_dict()
+        return self.module.state_dict(), optimizer_state(self.optimizer)
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])

@@ -1,10 +1,12 @@
 """``turnstream trainer``: consumes ``samples``, trains the policy, publishes weight versions.
 
 Per step: ``rollout_batch_size`` samples (older than ``max_staleness`` versions are dropped and counted) -> one
-optimizer step -> the weights as Hugging Face safetensors in ``versions/v<N>`` (atomic) -> a checkpoint holding
-model, optimizer, the ``samples`` offsets consumed and the lineage of trained sample ids -> ``WeightsPublished``
--> the offsets committed to Kafka. A restart resumes from the checkpoint, seeking ``samples`` to its offsets, so
-a sample is trained exactly once in the lineage of the published weights, whenever the trainer is killed.
+optimizer step -> the weights as Hugging Face safetensors in ``versions/v<N>`` (atomic, streamed tensor by
+tensor) -> the step's record (its sample ids and ``samples`` offsets) -> every ``checkpoint_every_steps`` steps or
+``checkpoint_every_s`` seconds a full checkpoint (model, optimizer, offsets, lineage) -> ``WeightsPublished`` ->
+the offsets committed to Kafka. A restart loads the last full checkpoint, seeks ``samples`` to its offsets and
+replays the recorded steps after it (the same samples, checked by id; nothing written or announced again), so a
+sample is trained exactly once in the lineage of the published weights, whenever the trainer is killed.
 
 Under torchrun (GPUs; gloo on the CPU in tests) only rank 0 consumes, publishes and commits; it broadcasts each
 batch, and every rank trains its share, joins the weight gather and writes its own checkpoint state (``follow``).
@@ -15,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,9 +37,10 @@ from services.bus import (
 )
 from services.config import Config, KafkaConfig
 from services.metrics import serve_metrics
-from services.trainer.checkpoints import CheckpointMeta, TrainerStore
+from services.trainer.checkpoints import CheckpointMeta, StepRecord, TrainerStore
 from services.trainer.collective import barrier, broadcast
 from services.trainer.parallel import ParallelLayout
+from services.trainer.safetensors_stream import Entry
 from services.trainer.step import StepStats
 
 log = logging.getLogger("turnstream.trainer")
@@ -53,6 +58,11 @@ REWARD = Gauge("turnstream_trainer_reward_mean", "Mean reward of the last step's
 PENDING = Gauge("turnstream_trainer_pending_samples", "Samples held toward the next batch")
 VERSION = Gauge("turnstream_trainer_version", "Newest published weight version")
 STEP_SECONDS = Histogram("turnstream_trainer_step_seconds", "One optimizer step (forward, backward, update)")
+CHECKPOINT_SECONDS = Histogram(
+    "turnstream_trainer_checkpoint_seconds",
+    "Writing a full checkpoint (model and optimizer state, every rank)",
+    buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800),
+)
 
 
 if TYPE_CHECKING:
@@ -67,7 +77,9 @@ class TrainablePolicy(Protocol):
 
     def train(self, samples: list[Sample]) -> StepStats: ...
 
-    def export(self) -> dict[str, Tensor]: ...
+    def entries(self) -> list[Entry]: ...
+
+    def hf_stream(self) -> Iterator[tuple[str, Tensor]]: ...
 
     def state(self) -> tuple[dict[str, Any], Any]: ...
 
@@ -92,12 +104,33 @@ class _Pending:
         taken, self.samples = self.samples[:n], self.samples[n:]
         return [s for _, _, s in taken]
 
+    def take_ids(self, ids: list[str]) -> list[Sample] | None:
+        """The samples of a recorded step, in its order, once all of them have been consumed (None before)."""
+        found = {s.sample_id: i for i, (_, _, s) in enumerate(self.samples)}
+        if any(sid not in found for sid in ids):
+            return None
+        taken = [self.samples[found[sid]][2] for sid in ids]
+        chosen = {found[sid] for sid in ids}
+        self.samples = [entry for i, entry in enumerate(self.samples) if i not in chosen]
+        return taken
+
+    def drop_before(self, offsets: dict[int, int]) -> None:
+        """Forget samples below a recorded step's safe offsets: the run that recorded it trained or dropped each
+        of them already (consumed again during a replay, some may look fresh that were judged stale then)."""
+        self.samples = [e for e in self.samples if e[1] >= offsets.get(e[0], 0)]
+        for partition, offset in offsets.items():
+            self.next_offset[partition] = max(self.next_offset.get(partition, offset), offset)
+
     def safe_offsets(self) -> dict[int, int]:
         """Per partition: where a restart must resume so that pending samples are read again."""
         safe = dict(self.next_offset)
         for partition, offset, _ in self.samples:
             safe[partition] = min(safe.get(partition, offset), offset)
         return safe
+
+
+def _keyed(offsets: dict[int, int]) -> dict[str, int]:
+    return {str(p): o for p, o in offsets.items()}
 
 
 class TrainerLoop:
@@ -115,19 +148,32 @@ class TrainerLoop:
         self.trained: list[list[str]] = []
         self.samples_trained = 0
         self.offsets: dict[int, int] = {}
+        """Where the next step's samples start: the last step's safe offsets (or where consumption began)."""
+        self.replay: deque[StepRecord] = deque()
+        """Steps after the last full checkpoint, to train again from the same samples before going on."""
+        self.since_checkpoint = 0
+        self.checkpointed_at = time.monotonic()
 
     def resume(self) -> bool:
+        """Load the newest full checkpoint and queue the recorded steps after it for replay."""
         found = self.store.latest()
+        records = self.store.steps_after(found[0].version if found else 0)
         broadcast(("resume", str(found[1]) if found else None), self.layout)
-        if found is None:
-            return False
-        meta, folder = found
-        self.policy.load_state(self.store.load_state(folder, self.layout.rank))
-        self.version, self.step = meta.version, meta.step
-        self.trained, self.samples_trained = meta.trained, meta.samples_trained
-        self.offsets = {int(p): o for p, o in meta.offsets.items()}
-        log.info("resumed from checkpoint", extra={"version": self.version, "offsets": self.offsets})
-        return True
+        if found is not None:
+            meta, folder = found
+            self.policy.load_state(self.store.load_state(folder, self.layout.rank))
+            self.version, self.step = meta.version, meta.step
+            self.trained, self.samples_trained = meta.trained, meta.samples_trained
+            self.offsets = {int(p): o for p, o in meta.offsets.items()}
+        elif records:
+            self.offsets = {int(p): o for p, o in records[0].offsets_before.items()}
+        self.replay = deque(records)
+        if found or records:
+            log.info(
+                "resumed from checkpoint",
+                extra={"version": self.version, "offsets": self.offsets, "replaying_steps": len(records)},
+            )
+        return found is not None or bool(records)
 
     def fresh(self, s: Sample) -> bool:
         lag = self.version - s.weight_version
@@ -137,39 +183,92 @@ class TrainerLoop:
             return False
         return True
 
-    def train(self, samples: list[Sample]) -> StepStats:
-        broadcast(("step", samples, self.version + 1), self.layout)
+    def checkpoint_due(self) -> bool:
+        return (
+            self.since_checkpoint + 1 >= self.tc.checkpoint_every_steps
+            or time.monotonic() - self.checkpointed_at >= self.tc.checkpoint_every_s
+        )
+
+    def train(self, samples: list[Sample], checkpoint: bool = False) -> StepStats:
+        """One step (``checkpoint``: the other ranks are to write their state after it, as rank 0's ``persist``
+        will); with a replay queued, the step it records (same samples, or a refusal), nothing written."""
+        replaying = bool(self.replay)
+        if replaying:
+            record = self.replay[0]
+            ids = [s.sample_id for s in samples]
+            if ids != record.sample_ids:
+                raise RuntimeError(
+                    f"replay of step v{record.version} diverged: the samples topic gave {ids[:3]}..., the step "
+                    f"trained {record.sample_ids[:3]}... (topic retention, or max_staleness / rollout_batch_size "
+                    "changed since the checkpoint)"
+                )
+        checkpoint = checkpoint and not replaying
+        broadcast(("step", samples, self.version + 1, not replaying, checkpoint), self.layout)
         started = time.perf_counter()
         stats: StepStats = self.policy.train(samples)
         STEP_SECONDS.observe(time.perf_counter() - started)
         return stats
 
-    def persist(self, samples: list[Sample], offsets: dict[int, int]) -> WeightsPublished:
-        """After a step: the new version on disk, then the checkpoint that makes it the resume point."""
-        tensors = self.policy.export()
+    def replayed(self, samples: list[Sample]) -> None:
+        record = self.replay.popleft()
+        self.advance(samples)
+        self.offsets = {int(p): o for p, o in record.offsets.items()}
+        log.info("replayed step", extra={"version": self.version, "left": len(self.replay)})
+
+    def advance(self, samples: list[Sample]) -> None:
         self.version += 1
         self.step += 1
         self.trained.append([s.sample_id for s in samples])
         self.samples_trained += len(samples)
-        path, digest = self.store.write_version(self.version, tensors, self.base)
+        self.since_checkpoint += 1
+
+    def persist(self, samples: list[Sample], offsets: dict[int, int], checkpoint: bool) -> WeightsPublished:
+        """After a step: the new version on disk, its step record, and a full checkpoint when due."""
+        self.advance(samples)
+        path, digest = self.store.write_version(
+            self.version, self.policy.entries(), self.policy.hf_stream(), self.base
+        )
+        self.store.write_step(
+            StepRecord(
+                version=self.version,
+                sample_ids=self.trained[-1],
+                offsets_before=_keyed(self.offsets),
+                offsets=_keyed(offsets),
+                samples_trained=self.samples_trained,
+            )
+        )
+        self.offsets = dict(offsets)
+        if checkpoint:
+            self.checkpoint()
+        self.store.prune_versions(self.tc.keep_versions, protect=self.version)
+        return self.announcement(str(path), digest)
+
+    def checkpoint(self) -> None:
+        """A full checkpoint of the current state (a collective: the other ranks write their own state)."""
         meta = CheckpointMeta(
             version=self.version,
             step=self.step,
-            offsets={str(p): o for p, o in offsets.items()},
+            offsets=_keyed(self.offsets),
             trained=self.trained,
             samples_trained=self.samples_trained,
             base_model=self.base,
         )
+        started = time.perf_counter()
         tmp = self.store.stage(self.version)
         barrier(self.layout)  # the staging folder exists
         self.store.write_state(tmp, self.layout.rank, *self.policy.state())
         barrier(self.layout)  # every rank's state is on disk
         self.store.commit(meta, tmp)
-        self.store.prune_versions(self.tc.keep_versions, protect=self.version)
-        self.offsets = dict(offsets)
-        return self.announcement(str(path), digest)
+        self.since_checkpoint = 0
+        self.checkpointed_at = time.monotonic()
+        CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
+        log.info("checkpoint written", extra={"version": self.version})
 
     def stop(self) -> None:
+        """A clean stop checkpoints what the last full checkpoint lacks, so the next start replays nothing."""
+        if self.since_checkpoint and not self.replay:
+            broadcast(("checkpoint", self.version), self.layout)
+            self.checkpoint()
         broadcast(("stop",), self.layout)
 
     def announcement(self, path: str, digest: str | None = None) -> WeightsPublished:
@@ -181,6 +280,21 @@ class TrainerLoop:
             created_at=time.time(),
             samples_trained=self.samples_trained,
             sha256=digest,
+        )
+
+    def newest_announcement(self) -> WeightsPublished | None:
+        """The newest version on disk (the last recorded step's, replayed or not), as it would be announced;
+        None before the first step."""
+        newest = self.replay[-1] if self.replay else None
+        if newest is None and self.version == 0:
+            return None
+        return WeightsPublished(
+            version=newest.version if newest else self.version,
+            path=str(self.store.versions / f"v{newest.version if newest else self.version}"),
+            base_model=self.base,
+            step=newest.version if newest else self.step,
+            created_at=time.time(),
+            samples_trained=newest.samples_trained if newest else self.samples_trained,
         )
 
 
@@ -195,12 +309,21 @@ def follow(policy: TrainablePolicy, store: TrainerStore) -> None:
             if command[1] is not None:
                 policy.load_state(store.load_state(Path(command[1]), layout.rank))
         elif command[0] == "step":
-            _, samples, version = command
+            _, samples, version, publish, checkpoint = command
             policy.train(samples)
-            policy.export()
-            barrier(layout)
-            store.write_state(store.staged(version), layout.rank, *policy.state())
-            barrier(layout)
+            if publish:
+                for _ in policy.hf_stream():  # the gather to rank 0
+                    pass
+            if checkpoint:
+                _write_state(policy, store, version)
+        elif command[0] == "checkpoint":
+            _write_state(policy, store, command[1])
+
+
+def _write_state(policy: TrainablePolicy, store: TrainerStore, version: int) -> None:
+    barrier(policy.layout)
+    store.write_state(store.staged(version), policy.layout.rank, *policy.state())
+    barrier(policy.layout)
 
 
 async def run_trainer(
@@ -256,13 +379,13 @@ async def run_trainer(
                 )
             consumer.seek(tp, start[tp.partition])
         pending = _Pending(start)
-        # A kill between the checkpoint and the announcement leaves the newest version unannounced: announce it
+        trainer.offsets = trainer.offsets or dict(start)
+        # A kill between a step's record and its announcement leaves the newest version unannounced: announce it
         # now, unless it went out (each version is announced once).
-        if resumed and await _announced_version(kafka) < trainer.version:
-            await producer.send(
-                WEIGHTS, trainer.announcement(str(store.versions / f"v{trainer.version}")), "policy"
-            )
-        VERSION.set(trainer.version)
+        newest = trainer.newest_announcement()
+        if resumed and newest is not None and await _announced_version(kafka) < newest.version:
+            await producer.send(WEIGHTS, newest, "policy")
+        VERSION.set(newest.version if newest else 0)
         log.info(
             "trainer running", extra={"base": tc.hf_checkpoint, "version": trainer.version, "root": str(root)}
         )
@@ -285,11 +408,21 @@ async def run_trainer(
                     else:
                         pending.processed(tp.partition, rec.offset)
             PENDING.set(len(pending.samples))
-            while len(pending.samples) >= tc.rollout_batch_size and not stop.is_set():
+            while trainer.replay and not stop.is_set():  # published before the restart: train again, quietly
+                record = trainer.replay[0]
+                replayed = pending.take_ids(record.sample_ids)
+                if replayed is None:  # not all consumed yet
+                    break
+                await asyncio.to_thread(trainer.train, replayed)
+                trainer.replayed(replayed)
+                if not trainer.replay:
+                    pending.drop_before({int(p): o for p, o in record.offsets.items()})
+            while not trainer.replay and len(pending.samples) >= tc.rollout_batch_size and not stop.is_set():
                 samples = pending.take(tc.rollout_batch_size)
                 offsets = pending.safe_offsets()
-                stats = await asyncio.to_thread(trainer.train, samples)
-                announcement = await asyncio.to_thread(trainer.persist, samples, offsets)
+                checkpoint = trainer.checkpoint_due()
+                stats = await asyncio.to_thread(trainer.train, samples, checkpoint)
+                announcement = await asyncio.to_thread(trainer.persist, samples, offsets, checkpoint)
                 await producer.send(WEIGHTS, announcement, "policy")
                 await consumer.commit({TopicPartition(topic, p): o for p, o in offsets.items()})
                 PENDING.set(len(pending.samples))

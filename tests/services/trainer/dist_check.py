@@ -1,10 +1,12 @@
 """Run under torchrun (gloo on the CPU) by test_distributed.py, or in-process for the single-process baseline:
 the policy's token log-probs on a fixed batch, then training steps on fixed samples (decoupled PPO, pi_old
-recomputed and gathered across ranks, + reference KL + top-K distillation), then the exported Hugging Face
-weights. Rank 0 writes ``<out>``; the last pipeline stage's first rank writes ``<out>.logprobs``."""
+recomputed and gathered across ranks, + reference KL + top-K distillation) with the distributed optimizer, then
+the exported Hugging Face weights, and one more step both continued and resumed from the saved state. Rank 0
+writes ``<out>``; the last pipeline stage's first rank writes ``<out>.logprobs``."""
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from pathlib import Path
@@ -53,8 +55,9 @@ def samples() -> list[Sample]:
     return out
 
 
-def config(tp: int, pp: int) -> TrainerConfig:
+def config(tp: int, pp: int, distributed_optimizer: bool = True) -> TrainerConfig:
     return TrainerConfig(
+        distributed_optimizer=distributed_optimizer,
         lr=1e-4,
         rollout_batch_size=4,
         tensor_parallel=tp,
@@ -68,20 +71,68 @@ def config(tp: int, pp: int) -> TrainerConfig:
     )
 
 
-def run(model: str, tp: int, pp: int, layout: ParallelLayout | None = None) -> dict[str, Any]:
+def _saved(policy: Any) -> dict[str, Any]:
+    """The state as a checkpoint file holds it: serialised, so nothing aliases the live buffers."""
+    model_state, optimizer_state = policy.state()
+    buffer = io.BytesIO()
+    torch.save({"model": model_state, "optimizer": optimizer_state}, buffer)
+    buffer.seek(0)
+    state: dict[str, Any] = torch.load(buffer, weights_only=False)
+    return state
+
+
+def _unshard_reference(policy: Any) -> dict[str, torch.Tensor]:
+    """The export as it was done before it streamed: every rank's whole state pickled to rank 0, then
+    ``parallel.unshard``; the streamed export must equal it bit for bit."""
+    from services.trainer.export import local_parameters
+    from services.trainer.model import megatron_to_hf
+    from services.trainer.parallel import unshard
+
+    lay = policy.layout
+    local = {k: v.detach().cpu() for k, v in local_parameters(policy.module).items()}
+    if not lay.distributed:
+        return megatron_to_hf(policy.spec, local)
+    import torch.distributed as dist
+
+    mine = ((lay.pp_rank, lay.tp_rank), local) if lay.dp_rank == 0 else (None, None)
+    gathered: list[Any] | None = [None] * lay.world_size if lay.rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if gathered is None:
+        return {}
+    parts = {key: part for key, part in gathered if key is not None}
+    return megatron_to_hf(policy.spec, unshard(parts, policy.spec, lay.tp, lay.pp))
+
+
+def run(
+    model: str, tp: int, pp: int, layout: ParallelLayout | None = None, distributed_optimizer: bool = True
+) -> dict[str, Any]:
+    """``STEPS`` steps, then one more from this rank's saved state in a freshly built policy: a resume must
+    give the step the running policy takes (``resumed_weights``)."""
     from services.trainer.policy import Policy
     from services.trainer.step import plan, reference_logprobs
 
     torch.manual_seed(0)
-    policy = Policy.from_hf(model, config(tp, pp), layout)
+    settings = config(tp, pp, distributed_optimizer)
+    policy = Policy.from_hf(model, settings, layout)
     batch = samples()
     micro = plan(batch, 10_000, policy.settings, fixed=policy.layout.pp > 1)
     before = reference_logprobs(policy.model, micro, policy.forward)
     stats = [policy.train(batch) for _ in range(STEPS)]
+    weights = policy.export()
+    reference = _unshard_reference(policy)
+    saved = _saved(policy)
+    policy.train(batch)
+    continued = policy.export()
+    resumed = Policy.from_hf(model, settings, layout)
+    resumed.load_state(saved)
+    resumed.train(batch)
     return {
         "logprobs": [t.detach().cpu() for t in before],
         "stats": stats,
-        "weights": policy.export(),
+        "weights": weights,
+        "unshard_reference": reference,
+        "continued_weights": continued,
+        "resumed_weights": resumed.export(),
         "layout": policy.layout,
     }
 
@@ -94,7 +145,14 @@ def main() -> None:
     lay = result["layout"]
     if lay.rank == 0:
         torch.save(
-            {"stats": [msgspec.to_builtins(s) for s in result["stats"]], "weights": result["weights"]}, out
+            {
+                "stats": [msgspec.to_builtins(s) for s in result["stats"]],
+                **{
+                    k: result[k]
+                    for k in ("weights", "unshard_reference", "continued_weights", "resumed_weights")
+                },
+            },
+            out,
         )
     if lay.last_stage and lay.tp_rank == 0 and lay.dp_rank == 0:
         torch.save(result["logprobs"], f"{out}.logprobs")

@@ -31,3 +31,50 @@ def test_each_rank_has_its_state_and_an_old_single_file_checkpoint_still_loads(t
     assert found is not None and found[0].version == 2 and not (tmp_path / "checkpoints" / "ckpt-v1").exists()
     (found[1] / "state-rank0.pt").rename(found[1] / "state.pt")  # the layout before per-rank files
     assert store.load_state(found[1], 0)["optimizer"]["step"] == 9
+
+
+def test_a_version_is_streamed_tensor_by_tensor_and_hashed_while_written(tmp_path: Path) -> None:
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from services.trainer.safetensors_stream import Entry
+
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).bfloat16(), "c": torch.arange(6).view(2, 3)}
+    entries = [Entry(k, v.dtype, v.shape) for k, v in tensors.items()]
+    store = TrainerStore(tmp_path)
+    path, digest = store.write_version(1, entries, iter(tensors.items()), tmp_path)
+    weights = path / "model.safetensors"
+    assert digest == hashlib.sha256(weights.read_bytes()).hexdigest()
+    back = load_file(weights)
+    assert back.keys() == tensors.keys() and all(torch.equal(back[k], v) for k, v in tensors.items())
+    # What the header announced is what must come, in order, and all of it; a failed version stays invisible.
+    for wrong in (
+        [("b", tensors["b"]), ("a", tensors["a"])],
+        [("a", tensors["a"].double())],
+        [("a", tensors["a"]), ("b", tensors["b"])],
+    ):
+        with pytest.raises(ValueError):
+            store.write_version(2, entries, iter(wrong), tmp_path)
+        assert not (tmp_path / "versions" / "v2").exists()
+
+
+def test_step_records_replay_in_order_and_a_gap_is_refused(tmp_path: Path) -> None:
+    from services.trainer.checkpoints import StepRecord
+
+    store = TrainerStore(tmp_path)
+
+    def record(v: int) -> StepRecord:
+        return StepRecord(v, [f"s{v}"], {"0": v - 1}, {"0": v}, v)
+
+    for v in (1, 2, 3):
+        store.write_step(record(v))
+    assert [r.version for r in store.steps_after(0)] == [1, 2, 3] and store.newest_version() == 3
+    tmp = store.stage(2)
+    store.write_state(tmp, 0, {}, {})
+    store.commit(CheckpointMeta(2, 2, {"0": 2}, [["s1"], ["s2"]], 2, "base"), tmp)
+    assert [r.version for r in store.steps_after(2)] == [3], "the checkpoint's lineage holds the older steps"
+    assert store.lineage() == [["s1"], ["s2"], ["s3"]] and store.newest_version() == 3
+    store.write_step(record(5))
+    with pytest.raises(RuntimeError, match="gap at v4"):
+        store.steps_after(2)

@@ -1,7 +1,9 @@
 """The parallel training path for real: torchrun starts two processes (gloo on the CPU) that train with tensor,
 pipeline or data parallelism, and the log-probs, losses and exported weights must match one process training the
-same samples. Megatron's TP layers, pipeline schedule, embedding-group and data-parallel gradient reductions run
-as they do on GPUs; only the backend differs."""
+same samples. Megatron's TP layers, pipeline schedule, embedding-group and data-parallel gradient reductions, and
+the distributed optimizer's reduce-scatter and all-gather, run as they do on GPUs; only the backend differs. The
+reference is one process with the non-distributed optimizer, so every layout also shows that sharding the
+optimizer changes nothing, and each rank resumes exactly from its own checkpoint state."""
 
 from __future__ import annotations
 
@@ -38,11 +40,15 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def baseline(model: Path) -> dict[str, Any]:
     torch.set_num_threads(1)
-    result = run(str(model), 1, 1)
+    result = run(str(model), 1, 1, distributed_optimizer=False)  # the optimizer as it was: the reference
     result["stats"] = [msgspec.to_builtins(s) for s in result["stats"]]
     initial = read_hf_weights(model)
     moved = max((result["weights"][k] - t).abs().max().item() for k, t in initial.items())
     assert moved > 1e-4  # training moved the weights: matching them below is not vacuous
+    for name, w in result[
+        "continued_weights"
+    ].items():  # resuming without the distributed optimizer is exact too
+        assert torch.equal(result["resumed_weights"][name], w), name
     return result
 
 
@@ -82,6 +88,14 @@ def assert_matches(got: dict[str, Any], want: dict[str, Any], lr: float = 1e-4) 
         diff = (got["weights"][name] - w).abs()
         assert diff.max() <= 2 * lr * STEPS, name
         assert (diff > 1e-6).float().mean() < 0.01, name
+    # The streamed export (tensor by tensor to rank 0) is the pickled gather + unshard, bit for bit, in order.
+    assert list(got["weights"]) == list(got["unshard_reference"])
+    for name, w in got["unshard_reference"].items():
+        assert torch.equal(got["weights"][name], w), name
+    # A rank resumed from its own checkpoint state takes exactly the step the running one took.
+    for name, w in got["continued_weights"].items():
+        assert torch.equal(got["resumed_weights"][name], w), name
+    assert any(not torch.equal(got["continued_weights"][k], w) for k, w in got["weights"].items())
 
 
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2), (1, 1)], ids=["tp2", "pp2", "dp2"])
@@ -136,3 +150,25 @@ async def test_torchrun_trainer_service_steps_checkpoints_per_rank_and_resumes(
     assert ModelSpec.from_dir(out / "versions" / "v3") == ModelSpec.from_dir(tiny_llama)
     weights = read_hf_weights(out / "versions" / "v3")
     assert weights.keys() == read_hf_weights(tiny_llama).keys()
+
+
+def _idle(where: str, timeout: float, gap: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("MASTER_PORT", None)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
+        str(ROOT / "tests/services/trainer/idle_check.py"), str(timeout), str(gap), where,
+    ]  # fmt: skip
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_ranks_survive_an_idle_gap_longer_than_the_collective_timeout() -> None:
+    """A quiet night: rank 0 has no batch for longer than the collective timeout (NCCL's is 10 minutes; here 3 s
+    against a 10 s gap). Waiting on the control group survives it; waiting on the tensor group, as the trainer
+    once did, does not."""
+    survived = _idle("control", 3, 10)
+    assert survived.returncode == 0, survived.stderr[-3000:]
+    assert "rank 1 survived 10 s idle" in survived.stdout
+    failed = _idle("default", 3, 10)
+    assert failed.returncode != 0
+    assert "timed out" in failed.stderr.lower() or "timeout" in failed.stderr.lower(), failed.stderr[-3000:]

@@ -4,18 +4,24 @@ once in the lineage of the final weights, none skipped."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from schemas.topics import WEIGHTS
 from services.bus import read_topic
 from services.config import KafkaConfig
 from services.launch import ServiceProcess, free_port
 from services.trainer.checkpoints import TrainerStore
+from services.trainer.model import megatron_to_hf, read_hf_weights
+from services.trainer.spec import ModelSpec
 from tests.services.trainer.conftest import make_sample, publish, trainer_env
 
 pytestmark = pytest.mark.integration
@@ -25,8 +31,8 @@ KILLS = 4
 
 
 def version(out: Path) -> int:
-    found = TrainerStore(out).latest()
-    return found[0].version if found else 0
+    """The newest recorded step (its version is on disk), checkpointed in full or not."""
+    return TrainerStore(out).newest_version()
 
 
 def kill_and_restart(
@@ -87,7 +93,8 @@ async def test_kill9_during_and_between_steps_trains_each_sample_once(
             published = 4 * steps
 
     out = tmp_path / "weights"
-    env = trainer_env(kafka, tiny_llama, out)
+    # Full checkpoints every third step: most kills land between them, and the restart replays the rest.
+    env = {**trainer_env(kafka, tiny_llama, out), "TURNSTREAM_TRAINER_CHECKPOINT_EVERY_STEPS": "3"}
 
     def announced() -> int:
         async def newest() -> int:
@@ -98,8 +105,93 @@ async def test_kill9_during_and_between_steps_trains_each_sample_once(
     kills = await asyncio.to_thread(kill_and_restart, env, out, tmp_path / "trainer.log", announced, feed)
     found = TrainerStore(out).latest()
     assert found is not None and kills == KILLS
-    trained = [sid for step in found[0].trained for sid in step]
+    lineage = TrainerStore(out).lineage()
+    trained = [sid for step in lineage for sid in step]
     assert sorted(trained) == sorted(s.sample_id for s in samples), "each sample once, none skipped"
-    assert len(found[0].trained) == STEPS and all(len(step) == 4 for step in found[0].trained)
+    assert len(lineage) == STEPS and all(len(step) == 4 for step in lineage)
     announced = [rec.event.version async for rec in read_topic(kafka, WEIGHTS)]
     assert sorted(announced) == list(range(1, STEPS + 1)), "each weight version announced once, none missing"
+
+
+def _run_trainer(env: dict[str, str], log: Path) -> None:
+    with open(log, "a") as fh:
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.cli", "trainer"],
+            env={**os.environ, "TURNSTREAM_METRICS_PORT": str(free_port()), **env},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
+    assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+async def test_a_restart_replays_the_steps_since_the_last_full_checkpoint_exactly(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+) -> None:
+    """Full checkpoints every 3 steps; kill -9 after step 5. The restart loads v3 and replays steps 4 and 5 from
+    the samples topic (writing and announcing nothing): the state it reaches is the published v5, bit for bit (a
+    clean stop then checkpoints it); a last start trains step 6. Each sample once, each version announced once."""
+    samples = [make_sample(i) for i in range(24)]
+    await publish(kafka, samples[:20])
+    env = {
+        **trainer_env(kafka, tiny_llama, tmp_path / "weights"),
+        "TURNSTREAM_TRAINER_CHECKPOINT_EVERY_STEPS": "3",
+    }
+    out = tmp_path / "weights"
+    log_path = tmp_path / "trainer.log"
+
+    def start() -> ServiceProcess:
+        port = free_port()
+        with open(log_path, "a") as log:
+            return ServiceProcess(
+                ["trainer"],
+                port=port,
+                ready_path="/metrics",
+                env={**env, "TURNSTREAM_METRICS_PORT": str(port)},
+                log=log,
+            )
+
+    def wait_for(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 180
+        while not done():
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.05)
+
+    def killed_after_step_5() -> None:
+        proc = start()
+        wait_for(lambda: version(out) >= 5)
+        proc.proc.kill()
+        proc.proc.wait()
+
+    await asyncio.to_thread(killed_after_step_5)
+    store = TrainerStore(out)
+    found = store.latest()
+    assert found is not None and found[0].version == 3 and store.newest_version() == 5
+    v5 = out / "versions" / "v5" / "model.safetensors"
+    written = v5.stat().st_mtime_ns
+
+    def replayed_then_stopped() -> None:
+        proc = start()
+        wait_for(lambda: log_path.read_text().count("replayed step") >= 2)
+        assert proc.stop() == 0
+
+    await asyncio.to_thread(replayed_then_stopped)
+    assert v5.stat().st_mtime_ns == written, "a replay writes no version"
+    found = store.latest()
+    assert found is not None and found[0].version == 5, "the clean stop checkpointed the replayed state"
+    state = store.load_state(found[1], 0)["model"]
+    spec = ModelSpec.from_dir(tiny_llama)
+    replayed = megatron_to_hf(spec, {k: v for k, v in state.items() if not k.endswith("_extra_state")})
+    published = read_hf_weights(out / "versions" / "v5")
+    assert any(not torch.equal(published[k], t) for k, t in read_hf_weights(tiny_llama).items())
+    assert replayed.keys() == published.keys()
+    for name, w in published.items():
+        assert torch.equal(replayed[name], w), name
+
+    await publish(kafka, samples[20:])
+    await asyncio.to_thread(_run_trainer, {**env, "TURNSTREAM_TRAINER_MAX_STEPS": "1"}, log_path)
+    lineage = store.lineage()
+    assert len(lineage) == 6
+    assert sorted(sid for step in lineage for sid in step) == sorted(s.sample_id for s in samples)
+    announced = [rec.event.version async for rec in read_topic(kafka, WEIGHTS)]
+    assert sorted(announced) == [1, 2, 3, 4, 5, 6]

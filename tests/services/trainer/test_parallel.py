@@ -102,6 +102,19 @@ def test_trainer_config_carries_the_parallel_settings() -> None:
         load_config(env={"TURNSTREAM_TRAINER_PRECISION": "fp8"})
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the missing-CUDA refusal is what a CPU host can show")
+def test_no_silent_cpu_fallback_when_gpus_were_given() -> None:
+    """An old driver makes CUDA invisible to torch: a container given GPUs must fail at start, not train in fp32
+    on the CPU for days."""
+    with pytest.raises(ValueError, match="NVIDIA_VISIBLE_DEVICES=0,1 but torch sees no CUDA device"):
+        dtype_for("auto", {"NVIDIA_VISIBLE_DEVICES": "0,1"})
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES=2"):
+        dtype_for("auto", {"CUDA_VISIBLE_DEVICES": "2"})
+    for hidden in ({}, {"CUDA_VISIBLE_DEVICES": ""}, {"NVIDIA_VISIBLE_DEVICES": "void"}):
+        assert dtype_for("auto", hidden) is torch.float32  # GPUs hidden on purpose: the CPU is meant
+    assert dtype_for("fp32", {"NVIDIA_VISIBLE_DEVICES": "0"}) is torch.float32  # said explicitly
+
+
 def test_vocab_padding_and_stages() -> None:
     assert padded_vocab(49152, 1) == 49152 and padded_vocab(300, 1) == 300
     assert padded_vocab(300, 2) == 512 and padded_vocab(151936, 8) == 152576

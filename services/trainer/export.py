@@ -1,0 +1,107 @@
+"""The policy's weights as Hugging Face tensors, gathered one Megatron tensor at a time.
+
+Every rank walks the same list of Megatron parameters (the embedding, then layer by layer, then the final norm and
+output layer). For each, the ranks that hold its tensor-parallel shards in data-parallel replica 0 send them to
+rank 0 (point to point, on the tensor group: NCCL on GPUs), which joins them (``parallel.join``), converts each
+finished group (one layer) to Hugging Face tensors and hands them on, so rank 0 holds one layer of the full model
+at a time instead of every shard of every rank pickled at once (``dist.gather_object``, ~66 GB at 8B)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from services.trainer.model import hf_shapes, hf_to_megatron, megatron_to_hf
+from services.trainer.parallel import ParallelLayout, join, shard, stage_layers
+from services.trainer.safetensors_stream import Entry
+from services.trainer.spec import ModelSpec
+
+
+def hf_entries(spec: ModelSpec, dtype: torch.dtype) -> list[Entry]:
+    """(name, dtype, shape) of every exported tensor, in the order ``hf_stream`` yields them."""
+    return [Entry(name, dtype, shape) for name, shape in hf_shapes(spec).items()]
+
+
+def _groups(spec: ModelSpec) -> list[list[str]]:
+    """Global Megatron names, grouped so that each group converts to Hugging Face tensors on its own."""
+    meta = {name: torch.empty(shape, device="meta") for name, shape in hf_shapes(spec).items()}
+    names = list(hf_to_megatron(spec, meta))
+    groups = [["embedding.word_embeddings.weight"]]
+    for i in range(spec.num_layers):
+        groups.append([n for n in names if n.startswith(f"decoder.layers.{i}.")])
+    groups.append([n for n in names if n in ("decoder.final_layernorm.weight", "output_layer.weight")])
+    return groups
+
+
+def _owner(spec: ModelSpec, lay: ParallelLayout, name: str) -> tuple[int, str]:
+    """(pipeline stage, name on that stage's ranks) of a global Megatron name."""
+    if name.startswith("decoder.layers."):
+        index, rest = name[len("decoder.layers.") :].split(".", 1)
+        stage = int(index) // (spec.num_layers // lay.pp)
+        return (
+            stage,
+            f"decoder.layers.{int(index) - stage_layers(spec.num_layers, lay.pp, stage).start}.{rest}",
+        )
+    return (0 if name == "embedding.word_embeddings.weight" else lay.pp - 1), name
+
+
+def _rank(lay: ParallelLayout, tp_rank: int, stage: int) -> int:
+    return tp_rank + lay.tp * lay.dp * stage  # data-parallel replica 0
+
+
+def hf_stream(spec: ModelSpec, lay: ParallelLayout, local: dict[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+    """A collective: every rank iterates it to the end; rank 0 gets (Hugging Face name, CPU tensor) pairs in
+    ``hf_entries`` order, the others nothing. ``local``: this rank's parameters by local name."""
+    if not lay.distributed:
+        for group in _groups(spec):
+            yield from megatron_to_hf(spec, {n: local[n].detach().cpu() for n in group if n in local}).items()
+        return
+    import torch.distributed as dist
+
+    shapes = _shard_shapes(spec, lay)
+    for group in _groups(spec):
+        full: dict[str, Tensor] = {}
+        for name in group:
+            stage, local_name = _owner(spec, lay, name)
+            parts: list[Tensor] = []
+            for tp_rank in range(lay.tp):
+                src = _rank(lay, tp_rank, stage)
+                if lay.rank == src == 0:
+                    parts.append(local[local_name].detach().cpu())
+                elif lay.rank == src:
+                    dist.send(local[local_name].detach().contiguous(), dst=0)
+                elif lay.rank == 0:
+                    like = next(iter(local.values()))
+                    buffer = torch.empty(
+                        shapes[tp_rank, stage][local_name], dtype=like.dtype, device=like.device
+                    )
+                    dist.recv(buffer, src=src)
+                    parts.append(buffer.cpu())
+            if lay.rank == 0:
+                joined = join(local_name, parts)
+                full[name] = joined[: spec.vocab_size] if name.endswith(_VOCAB) else joined
+        if lay.rank == 0:
+            yield from megatron_to_hf(spec, full).items()
+
+
+_VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def _shard_shapes(spec: ModelSpec, lay: ParallelLayout) -> dict[tuple[int, int], dict[str, tuple[int, ...]]]:
+    """The local shapes on each (tp_rank, stage) of replica 0, from the layout alone (meta tensors)."""
+    meta = {name: torch.empty(shape, device="meta") for name, shape in hf_shapes(spec).items()}
+    full = hf_to_megatron(spec, meta)
+    out: dict[tuple[int, int], dict[str, tuple[int, ...]]] = {}
+    for stage in range(lay.pp):
+        for tp_rank in range(lay.tp):
+            owner = ParallelLayout(lay.world_size, _rank(lay, tp_rank, stage), 0, lay.tp, lay.pp)
+            out[tp_rank, stage] = {k: tuple(v.shape) for k, v in shard(full, spec, owner).items()}
+    return out
+
+
+def local_parameters(module: Any) -> dict[str, Tensor]:
+    """This rank's parameters by local name (references, not copies; no Megatron extra state)."""
+    return {k: v for k, v in module.state_dict(keep_vars=False).items() if not k.endswith("._extra_state")}
