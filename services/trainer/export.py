@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from services.trainer.model import hf_shapes, hf_to_megatron, megatron_to_hf
+from services.trainer.model import hf_shapes, hf_to_megatron, local_spec_name, megatron_to_hf
 from services.trainer.parallel import ParallelLayout, join, shard, stage_layers
 from services.trainer.safetensors_stream import Entry
 from services.trainer.spec import ModelSpec
@@ -103,5 +103,6 @@ def _shard_shapes(spec: ModelSpec, lay: ParallelLayout) -> dict[tuple[int, int],
 
 
 def local_parameters(module: Any) -> dict[str, Tensor]:
-    """This rank's parameters by local name (references, not copies; no Megatron extra state)."""
-    return {k: v for k, v in module.state_dict(keep_vars=False).items() if not k.endswith("._extra_state")}
+    """This rank's parameters by local name under the local layer spec (references, not copies; no Megatron
+    extra state)."""
+    return {local_spec_name(k): v for k, v in module.state_dict().items() if not k.endswith("._extra_state")}

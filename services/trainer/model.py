@@ -80,6 +80,28 @@ def shutdown_parallel(layout: ParallelLayout) -> None:
     dist.destroy_process_group()
 
 
+def mark_tensor_parallel(model: Any) -> None:
+    """Mark each tensor-parallel weight as Megatron's initialisation does (which ``perform_initialization=False``
+    skips along with the random draw): unmarked, the gradient norm and the distributed optimizer would treat the
+    shards as replicas. Column-parallel and vocab rows split on dim 0 (the fused SwiGLU ``linear_fc1`` with
+    stride 2, as Megatron's MLP declares it), row-parallel on dim 1."""
+    from megatron.core.tensor_parallel.layers import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        set_tensor_model_parallel_attributes,
+    )
+
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if weight is None or hasattr(weight, "tensor_model_parallel"):
+            continue
+        if isinstance(module, ColumnParallelLinear | VocabParallelEmbedding):
+            set_tensor_model_parallel_attributes(weight, True, 0, 2 if name.endswith("linear_fc1") else 1)
+        elif isinstance(module, RowParallelLinear):
+            set_tensor_model_parallel_attributes(weight, True, 1, 1)
+
+
 def recompute_for(setting: str) -> str:
     """``trainer.recompute`` with ``auto`` resolved: ``full`` on the CPU (memory is what a CPU run lacks, and the
     rerun costs no measurable time there), ``selective`` on GPUs (Megatron's usual choice)."""
@@ -93,11 +115,13 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     layout: ParallelLayout | None = None,
     recompute: str = "none",
+    initialise: bool = True,
 ) -> Any:
     """This rank's part of the GPTModel: its pipeline stage's layers, its tensor-parallel slices. Logits are
     gathered over the vocab (``parallel_output=False``), so the loss code is the same for every layout.
     ``recompute``: ``trainer.recompute`` (``full``: every layer's activations recomputed in backward, one layer
-    per checkpoint)."""
+    per checkpoint). ``initialise=False``: parameters allocated, not drawn (weights are loaded next), and on a GPU
+    allocated there directly."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -130,7 +154,8 @@ def build_model(
         gradient_accumulation_fusion=False,
         attention_dropout=0.0,
         hidden_dropout=0.0,
-        use_cpu_initialization=True,
+        use_cpu_initialization=initialise or not torch.cuda.is_available(),
+        perform_initialization=initialise,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         tensor_model_parallel_size=layout.tp,
@@ -142,7 +167,7 @@ def build_model(
     )
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.family == "qwen3", normalization="RMSNorm")
     with cpu_allocations():  # tied embeddings under PP: Megatron moves the shared copy with .cuda()
-        return GPTModel(
+        model = GPTModel(
             config,
             layer_spec,
             vocab_size=padded_vocab(spec.vocab_size, layout.tp),
@@ -154,6 +179,9 @@ def build_model(
             position_embedding_type="rope",
             rotary_base=int(spec.rope_theta),
         )
+    if not initialise:
+        mark_tensor_parallel(model)
+    return model
 
 
 def hf_to_megatron(spec: ModelSpec, hf: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -258,38 +286,20 @@ def read_hf_weights(path: str | Path) -> dict[str, Tensor]:
     return tensors
 
 
-def load_hf_into(
-    model: Any, spec: ModelSpec, hf: dict[str, Tensor], layout: ParallelLayout | None = None
-) -> None:
-    """Copy this rank's part of the Hugging Face weights into the model; every parameter must be covered,
-    nothing left over."""
-    from services.trainer.parallel import ParallelLayout, shard
-
-    try:
-        mapped = shard(hf_to_megatron(spec, hf), spec, layout or ParallelLayout())
-    except KeyError as exc:
-        raise ValueError(f"weight mapping mismatch: the Hugging Face weights lack {exc}") from None
-    state = model.state_dict()
-    params = {k for k in state if not k.endswith("._extra_state")}
-    missing = sorted(params - mapped.keys())
-    unused = sorted(mapped.keys() - params)
-    if missing or unused:
-        raise ValueError(f"weight mapping mismatch: missing {missing[:5]}, unused {unused[:5]}")
-    with torch.no_grad():
-        for name, tensor in mapped.items():
-            if state[name].shape != tensor.shape:
-                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(state[name].shape)}")
-            state[name].copy_(tensor)
+_TE_NAMES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
 
 
-def local_state(model: Any) -> dict[str, Tensor]:
-    """This rank's parameters (no Megatron extra state), on the CPU."""
-    return {k: v.detach().cpu() for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
-
-
-def export_hf(model: Any, spec: ModelSpec) -> dict[str, Tensor]:
-    """Hugging Face tensors of a single-process model (``policy.Policy.export`` gathers the parallel case)."""
-    return megatron_to_hf(spec, local_state(model))
+def local_spec_name(name: str) -> str:
+    """A parameter's name under the local layer spec. Transformer Engine's spec fuses each RMSNorm into the
+    linear after it (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``); everything else is
+    named and laid out the same (Megatron's own ``sharded_state_dict_keys_map`` says as much)."""
+    for te, local in _TE_NAMES.items():
+        if name.endswith(te):
+            return name[: -len(te)] + local
+    return name
 
 
 def causal_padding_mask(attention_mask: Tensor) -> Tensor:

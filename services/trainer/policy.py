@@ -17,7 +17,8 @@ from schemas import Sample
 from services.config import TrainerConfig
 from services.trainer.cpu_shim import cpu_allocations
 from services.trainer.export import hf_entries, hf_stream, local_parameters
-from services.trainer.model import build_model, forward_logits, init_parallel, load_hf_into, read_hf_weights
+from services.trainer.hf_load import load_hf_into, safetensors_source
+from services.trainer.model import build_model, forward_logits, init_parallel
 from services.trainer.optimizer_state import load_optimizer_state, optimizer_state
 from services.trainer.parallel import ParallelLayout, dtype_for
 from services.trainer.safetensors_stream import Entry
@@ -28,8 +29,9 @@ from services.trainer.step import StepStats, check_seams, train_step
 def _load(
     spec: ModelSpec, path: str | Path, dtype: torch.dtype, layout: ParallelLayout, recompute: str = "none"
 ) -> Any:
-    module = build_model(spec, dtype, layout, recompute)
-    load_hf_into(module, spec, read_hf_weights(path), layout)
+    module = build_model(spec, dtype, layout, recompute, initialise=False)
+    with safetensors_source(path) as source:  # this rank's slices only
+        load_hf_into(module, spec, source, layout)
     if torch.cuda.is_available():
         module.cuda(torch.cuda.current_device())
     return module

@@ -71,3 +71,39 @@ async def publish(kafka: KafkaConfig, samples: list[Sample]) -> None:
     async with EventProducer(kafka) as producer:
         for s in samples:
             await producer.send(SAMPLES, s, s.session_id)
+
+
+def save_random_model(out: Path, **overrides: object) -> Path:
+    """A random Llama-family folder (config.json and one safetensors file) of a size given by ``overrides``,
+    written directly from tensor shapes: no transformers model is built, so ~1B parameters take seconds."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from services.trainer.model import hf_shapes
+    from services.trainer.spec import ModelSpec
+
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 512,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "vocab_size": 32000,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        **overrides,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config))
+    g = torch.Generator().manual_seed(0)
+    shapes = hf_shapes(ModelSpec.from_hf(config))
+    save_file(
+        {k: torch.randn(*s, generator=g) * 0.02 for k, s in shapes.items()}, str(out / "model.safetensors")
+    )
+    return out

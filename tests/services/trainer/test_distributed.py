@@ -8,6 +8,7 @@ optimizer changes nothing, and each rank resumes exactly from its own checkpoint
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,13 @@ from services.launch import free_port
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import read_hf_weights
 from services.trainer.spec import ModelSpec
-from tests.services.trainer.conftest import make_sample, publish, save_tiny_llama, trainer_env
+from tests.services.trainer.conftest import (
+    make_sample,
+    publish,
+    save_random_model,
+    save_tiny_llama,
+    trainer_env,
+)
 from tests.services.trainer.dist_check import STEPS, run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -172,3 +179,29 @@ def test_ranks_survive_an_idle_gap_longer_than_the_collective_timeout() -> None:
     failed = _idle("default", 3, 10)
     assert failed.returncode != 0
     assert "timed out" in failed.stderr.lower() or "timeout" in failed.stderr.lower(), failed.stderr[-3000:]
+
+
+def test_each_rank_reads_only_its_slices(tmp_path: Path) -> None:
+    """TP 2 over a 64M-parameter model (256 MB of fp32 safetensors): a rank's load adds at most its own
+    parameters plus one slice in flight (its half of an embedding) and 16 MiB, in anonymous memory (the mapped
+    file is page cache). Loading as before (whole file read, whole model converted, random init) exceeds it."""
+    model = save_random_model(tmp_path / "model")
+    found: dict[str, list[dict[str, int]]] = {}
+    for how in ("sliced", "whole"):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        env.pop("MASTER_PORT", None)
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
+            str(ROOT / "tests/services/trainer/load_check.py"), str(model), how, str(tmp_path),
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        found[how] = [json.loads((tmp_path / f"{how}-rank{r}.json").read_text()) for r in range(2)]
+        assert len(found[how]) == 2
+    embedding_half = 32000 // 2 * 512 * 4
+    for rank in found["sliced"]:
+        bound = rank["param_bytes"] + embedding_half + 16 * 2**20
+        assert rank["peak_added"] <= bound, rank
+    assert all(r["peak_added"] > r["param_bytes"] + embedding_half + 16 * 2**20 for r in found["whole"]), (
+        found
+    )

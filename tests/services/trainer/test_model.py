@@ -10,14 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from services.trainer.model import (
-    build_model,
-    export_hf,
-    forward_logits,
-    init_parallel,
-    load_hf_into,
-    read_hf_weights,
-)
+from services.trainer.export import hf_stream, local_parameters
+from services.trainer.hf_load import load_hf_into
+from services.trainer.model import build_model, forward_logits, init_parallel, read_hf_weights
+from services.trainer.parallel import ParallelLayout
 from services.trainer.spec import ModelSpec
 
 warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
@@ -66,7 +62,7 @@ def test_smollm2_logits_equal_transformers(smollm2_path: Path) -> None:
     ref = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32, attn_implementation="eager")
     model, ours = megatron_logits(spec, hf)
     assert_same_logits(ours, reference_logits(ref.eval(), IDS, MASK))
-    exported = export_hf(model, spec)
+    exported = dict(hf_stream(spec, ParallelLayout(), local_parameters(model)))
     assert exported.keys() == hf.keys()
     assert all(torch.equal(exported[k], hf[k]) for k in hf), "export is bit-exact"
 
@@ -102,7 +98,7 @@ def test_random_qwen3_logits_equal_transformers_and_round_trip() -> None:
     hf = {k: v.detach().clone() for k, v in ref.state_dict().items()}
     model, ours = megatron_logits(spec, hf)
     assert_same_logits(ours, reference_logits(ref, IDS, MASK))
-    exported = export_hf(model, spec)
+    exported = dict(hf_stream(spec, ParallelLayout(), local_parameters(model)))
     assert exported.keys() == hf.keys() and all(torch.equal(exported[k], hf[k]) for k in hf)
     again = build_model(spec)
     load_hf_into(again, spec, exported)
