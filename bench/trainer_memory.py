@@ -1,7 +1,7 @@
 """The trainer's host memory per step, at another git revision and in the working tree, in one run. Prints JSON.
 
     .venv/bin/python bench/trainer_memory.py [--base HEAD|none] [--steps 6] [--samples 8] [--min-len 150]
-        [--max-len 900] [--micro-batch-tokens 8192] [--topk 0] [--mode rl]
+        [--max-len 900] [--micro-batch-tokens 8192] [--topk 0] [--mode rl] [--tp 1]
 
 Both sides train the SmolLM2-135M policy (Megatron-core on the CPU, one thread) on the same batches, each in a
 process of its own (the base checked out into a temporary git worktree): every step draws a new set of sample
@@ -9,7 +9,8 @@ lengths, as live traffic does, so allocator growth from varying shapes shows. Pe
 (VmHWM, reset before the step through /proc/self/clear_refs), the resident set after it, and the step's seconds;
 a side the OOM killer stops reports the steps it finished. The ratios are over the steps both sides finished.
 ``--topk K`` gives every sample the teacher's top-K at each response position (the top-K term's memory);
-``--mode opd`` gives them teacher log-probs instead of rewards.
+``--mode opd`` gives them teacher log-probs instead of rewards. ``--tp 2``: each side runs under torchrun with
+tensor parallelism over gloo, and reports each rank's figures (``ranks``; the top-level ones are rank 0's).
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 STEPS = r"""
-import json, sys, time, warnings
+import json, os, sys, time, warnings
 warnings.filterwarnings("ignore")
 import torch
 torch.set_num_threads(1)
 from schemas import Sample
 from services.config import TrainerConfig
 from services.model_store import fetch_smollm2
+from services.trainer.parallel import ParallelLayout
 from services.trainer.policy import Policy
 
 a = json.loads(sys.argv[1])
+rank = int(os.environ.get("RANK", "0"))
 
 def status(field):
     for line in open("/proc/self/status"):
@@ -64,7 +67,8 @@ def batch(step):
 
 config = TrainerConfig(micro_batch_tokens=a["micro_batch_tokens"], topk_coef=1.0 if a["topk"] else 0.0,
     **a.get("set", {}))
-policy = Policy.from_hf(fetch_smollm2(log=False), config)
+layout = ParallelLayout.from_env(a.get("tp", 1)) if a.get("tp", 1) > 1 else None
+policy = Policy.from_hf(fetch_smollm2(log=False), config, layout)
 rows = [{"step": "loaded", "rss_gib": round(status("VmRSS"), 2)}]
 for step in range(a["steps"]):
     samples = batch(step)
@@ -77,30 +81,52 @@ for step in range(a["steps"]):
         "peak_gib": round(status("VmHWM"), 2), "rss_after_gib": round(status("VmRSS"), 2),
         "seconds": round(seconds, 2), "loss": round(stats.loss, 6), "grad_norm": round(stats.grad_norm, 6)})
     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-print(json.dumps(rows))
+    with open(os.path.join(a["out"], f"rank{rank}.json"), "w") as f:
+        json.dump(rows, f)
+if layout is not None:
+    from services.trainer.model import shutdown_parallel
+    shutdown_parallel(policy.layout)
 """
 
 
 def measure(root: Path, args: dict[str, object]) -> dict[str, Any]:
-    """The steps one side took; a side the kernel's OOM killer stopped reports the steps it finished and
-    ``killed``."""
-    out = subprocess.run(
-        [sys.executable, "-c", STEPS, json.dumps(args)],
-        cwd=root,
-        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
-        capture_output=True,
-        text=True,
-    )
-    rows: list[dict[str, Any]] = []
-    if out.returncode == 0:
-        rows = json.loads(out.stdout.strip().splitlines()[-1])
-    else:
-        rows = [json.loads(line) for line in out.stderr.splitlines() if line.startswith('{"step"')]
-        if out.returncode != -9 or not rows:
-            raise SystemExit(f"{root}: exit {out.returncode}\n{out.stderr[-4000:]}")
-    steps = [r for r in rows if r["step"] != "loaded"]
+    """The steps one side took, per rank; a side the kernel's OOM killer stopped reports the steps it finished
+    and ``killed``."""
+    tp = int(str(args.get("tp", 1)))
+    with tempfile.TemporaryDirectory() as out:
+        script = Path(out) / "steps.py"
+        script.write_text(STEPS)
+        launcher = [sys.executable]
+        if tp > 1:
+            launcher += ["-m", "torch.distributed.run", f"--nproc-per-node={tp}", "--master-port=29617"]
+        proc = subprocess.run(
+            [*launcher, str(script), json.dumps({**args, "out": out})],
+            cwd=root,
+            env={
+                "OMP_NUM_THREADS": "1",
+                "PATH": "/usr/bin:/bin",
+                "HOME": str(Path.home()),
+                "PYTHONPATH": str(root),
+            },
+            capture_output=True,
+            text=True,
+        )
+        ranks = []
+        for r in range(tp):
+            found = Path(out) / f"rank{r}.json"
+            ranks.append(json.loads(found.read_text()) if found.exists() else [])
+    killed = proc.returncode != 0
+    if killed and not any(ranks) and "Killed" not in proc.stderr and proc.returncode != -9:
+        raise SystemExit(f"{root}: exit {proc.returncode}\n{proc.stderr[-4000:]}")
+    sides = [_summary([r for r in rows if r["step"] != "loaded"], killed) for rows in ranks]
+    return {**sides[0], "ranks": sides[1:]} if tp > 1 else sides[0]
+
+
+def _summary(steps: list[dict[str, Any]], killed: bool) -> dict[str, Any]:
+    if not steps:
+        return {"killed": killed, "steps_done": 0, "steps": []}
     return {
-        "killed_by_signal_9": out.returncode == -9,
+        "killed": killed,
         "steps_done": len(steps),
         "max_peak_gib": max(float(r["peak_gib"]) for r in steps),
         "max_rss_after_gib": max(float(r["rss_after_gib"]) for r in steps),
@@ -119,6 +145,7 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=8192)
     ap.add_argument("--topk", type=int, default=0)
     ap.add_argument("--mode", choices=["rl", "opd"], default="rl")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks under torchrun (gloo)")
     ap.add_argument(
         "--set",
         action="append",
@@ -135,6 +162,7 @@ def main() -> None:
         "micro_batch_tokens": args.micro_batch_tokens,
         "topk": args.topk,
         "mode": args.mode,
+        "tp": args.tp,
     }
     overrides = {k: json.loads(v) for k, _, v in (item.partition("=") for item in args.set)}
     ours = measure(REPO, {**settings, "set": overrides})

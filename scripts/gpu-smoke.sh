@@ -4,13 +4,17 @@
 #   1. a streamed and a non-streamed main turn are recorded with SGLang's exact ids;
 #   2. their recorded log-probs equal SGLang's prefill scoring of the same ids (float32, so to ~1e-5);
 #   3. one Megatron-core training step runs on the GPU and publishes weight version 1;
-#   4. the proxy's reloader has SGLang load it, and the next turn carries version 1.
+#   4. the proxy's reloader has SGLang load it, and the next turn carries version 1;
+#   5. with SMOKE_TRAINER_GPUS=a,b: one step on two GPUs (TP 2 over NCCL, Transformer Engine's layers where the
+#      image has them), its version and both ranks' checkpoint state written; the trainer's log shows its memory
+#      plan at start and the step's peak GPU memory (gpu_peak_gib), to compare with `turnstream trainer plan`.
 # It prints PASS/FAIL per check, the time taken, and exits non-zero on any failure. Under 10 minutes once the
 # images are pulled and built. Everything it started is removed at the end (SMOKE_KEEP=1 keeps it).
 #
 #   bash scripts/gpu-smoke.sh                      # SmolLM2-135M, converted by `turnstream models fetch`
 #   SMOKE_MODEL=/data/models/Qwen3-0.6B bash scripts/gpu-smoke.sh   # any HF folder (llama/qwen2/qwen3)
 #   SMOKE_GPU=1 bash scripts/gpu-smoke.sh          # which GPU (default 0): SGLang and the trainer share it
+#   SMOKE_TRAINER_GPUS=0,1 bash scripts/gpu-smoke.sh   # also a two-GPU trainer step (TP 2)
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -60,6 +64,21 @@ if [[ $rc -eq 0 ]]; then
     compose run --rm --no-deps trainer trainer --hf-checkpoint /models/smoke --max-steps 1 || rc=1
     log "trainer step (start-up included): $(( $(date +%s) - step_started )) s"
     [[ $rc -eq 0 ]] && { check served 1 || rc=1; }
+fi
+if [[ $rc -eq 0 && -n "${SMOKE_TRAINER_GPUS:-}" ]]; then
+    log "one trainer step on two GPUs (TP 2): $SMOKE_TRAINER_GPUS"
+    # Its own output folder and consumer group: the same two samples, a layout of its own; its version 1 is
+    # announced again and the reloader, serving version 1 already, ignores it.
+    TRAINER_GPUS="$SMOKE_TRAINER_GPUS" TRAINER_NPROC=2 TRAINER_TP=2 compose run --rm --no-deps \
+        -e TURNSTREAM_TRAINER_OUTPUT_DIR=/weights/tp2 -e TURNSTREAM_TRAINER_GROUP_ID=smoke-tp2 \
+        trainer trainer --hf-checkpoint /models/smoke --max-steps 1 || rc=1
+    compose run --rm --no-deps --entrypoint python trainer -c '
+import pathlib, sys
+root = pathlib.Path("/weights/tp2")
+states = sorted(p.name for p in root.glob("checkpoints/ckpt-v1/state-rank*.pt"))
+ok = (root / "versions/v1/model.safetensors").exists() and states == ["state-rank0.pt", "state-rank1.pt"]
+print("PASS" if ok else "FAIL", "two-GPU step: version 1 and both ranks state", states, flush=True)
+sys.exit(0 if ok else 1)' || rc=1
 fi
 [[ $rc -eq 0 ]] || compose logs --tail 60 sglang-policy proxy
 log "$([[ $rc -eq 0 ]] && echo PASSED || echo FAILED) in $(( $(date +%s) - started )) s"

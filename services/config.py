@@ -278,6 +278,11 @@ class TrainerConfig(_Section):
     tensor_parallel: PositiveInt = 1
     pipeline_parallel: PositiveInt = 1
     """Model-parallel sizes; data parallelism is the rest of torchrun's world size."""
+    layer_spec: Literal["auto", "local", "te"] = "auto"
+    """Megatron-core's layer implementation: ``te``, Transformer Engine's (fused attention that never holds the
+    sequence x sequence probabilities, fused norm+linear; GPUs only, the trainer image installs it); ``local``,
+    Megatron's own (exact on the CPU, where the tests run); ``auto``: ``te`` where Transformer Engine imports and
+    CUDA is present, else ``local``. Both map to Hugging Face weights exactly."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """``auto``: bf16 on GPUs, fp32 on the CPU."""
     collective_timeout_s: PositiveFloat = 600.0

@@ -55,8 +55,9 @@ class PlanInput(msgspec.Struct, frozen=True):
     """2: bf16 weights with fp32 main weights in the optimizer; 4: fp32 throughout."""
     reference: bool = False
     """A frozen reference model (``trainer.kl_coef`` > 0)."""
-    vocab_parallel_logits: bool = False
-    """The loss reads each rank's vocab slice (False: the logits are gathered over the vocab on every TP rank)."""
+    vocab_parallel_logits: bool = True
+    """The loss reads each rank's vocab slice, as the trainer does (False: the logits gathered over the vocab on
+    every TP rank, as it did before)."""
     fused_attention: bool = False
     """Transformer Engine's fused (flash) attention: no probabilities kept or materialised, only q, k, v and the
     softmax statistics. An estimate from the kernels' documented saved state, not measured here (no GPU); the
@@ -297,6 +298,7 @@ def for_trainer(
     dp: int,
     dtype_bytes: int,
     recompute: str,
+    fused_attention: bool = False,
 ) -> PlanInput:
     """The plan input of a trainer configuration as the trainer runs it."""
     return PlanInput(
@@ -308,5 +310,5 @@ def for_trainer(
         distributed_optimizer=config.distributed_optimizer,
         dtype_bytes=dtype_bytes,
         reference=config.kl_coef > 0,
-        vocab_parallel_logits=False,
+        fused_attention=fused_attention,
     )

@@ -110,18 +110,32 @@ def recompute_for(setting: str) -> str:
     return "selective" if torch.cuda.is_available() else "full"
 
 
+def layer_spec_for(setting: str) -> str:
+    """``trainer.layer_spec`` with ``auto`` resolved; ``te`` refused where Transformer Engine cannot run."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    usable = bool(getattr(gpt_layer_specs, "HAVE_TE", False)) and torch.cuda.is_available()
+    if setting == "auto":
+        return "te" if usable else "local"
+    if setting == "te" and not usable:
+        raise ValueError("trainer.layer_spec te needs Transformer Engine and CUDA; use local (or auto) here")
+    return setting
+
+
 def build_model(
     spec: ModelSpec,
     dtype: torch.dtype = torch.float32,
     layout: ParallelLayout | None = None,
     recompute: str = "none",
     initialise: bool = True,
+    layer_spec: str = "local",
 ) -> Any:
-    """This rank's part of the GPTModel: its pipeline stage's layers, its tensor-parallel slices. Logits are
-    gathered over the vocab (``parallel_output=False``), so the loss code is the same for every layout.
+    """This rank's part of the GPTModel: its pipeline stage's layers, its tensor-parallel slices. Logits stay
+    split over the vocabulary (``parallel_output``): the loss reduces over the tensor-parallel group instead of
+    gathering a whole-vocabulary row per token on every rank (``logprobs.VocabShard``).
     ``recompute``: ``trainer.recompute`` (``full``: every layer's activations recomputed in backward, one layer
-    per checkpoint). ``initialise=False``: parameters allocated, not drawn (weights are loaded next), and on a GPU
-    allocated there directly."""
+    per checkpoint). ``layer_spec``: ``trainer.layer_spec``. ``initialise=False``: parameters allocated, not drawn
+    (weights are loaded next), and on a GPU allocated there directly."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -165,16 +179,21 @@ def build_model(
         recompute_method="uniform" if granularity == "full" else None,
         recompute_num_layers=1 if granularity == "full" else None,
     )
-    layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.family == "qwen3", normalization="RMSNorm")
+    if layer_spec_for(layer_spec) == "te":  # fused attention and norm+linear; names: local_spec_name
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        layers = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.family == "qwen3")
+    else:
+        layers = get_gpt_layer_local_spec(qk_layernorm=spec.family == "qwen3", normalization="RMSNorm")
     with cpu_allocations():  # tied embeddings under PP: Megatron moves the shared copy with .cuda()
         model = GPTModel(
             config,
-            layer_spec,
+            layers,
             vocab_size=padded_vocab(spec.vocab_size, layout.tp),
             max_sequence_length=spec.max_position,
             pre_process=layout.first_stage,
             post_process=layout.last_stage,
-            parallel_output=False,
+            parallel_output=True,
             share_embeddings_and_output_weights=spec.tie_embeddings,
             position_embedding_type="rope",
             rotary_base=int(spec.rope_theta),
@@ -310,17 +329,13 @@ def causal_padding_mask(attention_mask: Tensor) -> Tensor:
     return causal[None, None] | pad
 
 
-def forward_logits(
-    model: Any, input_ids: Tensor, attention_mask: Tensor | None = None, vocab_size: int | None = None
-) -> Tensor:
-    """``[B, S]`` ids (right-padded) -> ``[B, S, V]`` logits, cut to ``vocab_size`` where the vocab was padded
-    for tensor parallelism. On a pipeline stage other than the last: that stage's ``[S, B, H]`` hidden states
-    (pass no ``vocab_size`` there)."""
+def forward_logits(model: Any, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """``[B, S]`` ids (right-padded) -> ``[B, S, V]`` logits (``V``: this rank's vocabulary slice under tensor
+    parallelism, padding columns included; ``logprobs.VocabShard`` says which). On a pipeline stage other than the
+    last: that stage's ``[S, B, H]`` hidden states."""
     b, s = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
     out: torch.Tensor = model(input_ids, position_ids, causal_padding_mask(attention_mask))
-    if vocab_size is not None and out.shape[-1] > vocab_size:
-        out = out[..., :vocab_size]
     return out

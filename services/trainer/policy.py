@@ -7,6 +7,8 @@ One process (the CPU, or one GPU) is the special case of the torchrun layout: wo
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,18 +20,26 @@ from services.config import TrainerConfig
 from services.trainer.cpu_shim import cpu_allocations
 from services.trainer.export import hf_entries, hf_stream, local_parameters
 from services.trainer.hf_load import load_hf_into, safetensors_source
+from services.trainer.logprobs import VocabShard
 from services.trainer.model import build_model, forward_logits, init_parallel
 from services.trainer.optimizer_state import load_optimizer_state, optimizer_state
 from services.trainer.parallel import ParallelLayout, dtype_for
 from services.trainer.safetensors_stream import Entry
-from services.trainer.spec import ModelSpec
+from services.trainer.spec import ModelSpec, padded_vocab
 from services.trainer.step import StepStats, check_seams, train_step
+
+log = logging.getLogger("turnstream.trainer")
 
 
 def _load(
-    spec: ModelSpec, path: str | Path, dtype: torch.dtype, layout: ParallelLayout, recompute: str = "none"
+    spec: ModelSpec,
+    path: str | Path,
+    dtype: torch.dtype,
+    layout: ParallelLayout,
+    recompute: str = "none",
+    layer_spec: str = "local",
 ) -> Any:
-    module = build_model(spec, dtype, layout, recompute, initialise=False)
+    module = build_model(spec, dtype, layout, recompute, initialise=False, layer_spec=layer_spec)
     with safetensors_source(path) as source:  # this rank's slices only
         load_hf_into(module, spec, source, layout)
     if torch.cuda.is_available():
@@ -41,7 +51,7 @@ def check_memory(spec: ModelSpec, config: TrainerConfig, layout: ParallelLayout,
     """Refuse a layout whose memory plan exceeds ``trainer.gpu_memory_gib`` (default: the GPU's free memory)
     before any weight is read."""
     from services.trainer.memory import GIB, check_fits, for_trainer
-    from services.trainer.model import recompute_for
+    from services.trainer.model import layer_spec_for, recompute_for
 
     limit = config.gpu_memory_gib
     if not limit and torch.cuda.is_available():
@@ -55,8 +65,13 @@ def check_memory(spec: ModelSpec, config: TrainerConfig, layout: ParallelLayout,
         dp=layout.dp,
         dtype_bytes=2 if dtype == torch.bfloat16 else 4,
         recompute=recompute_for(config.recompute),
+        fused_attention=layer_spec_for(config.layer_spec) == "te",
     )
-    check_fits(spec, lay, limit)
+    planned = check_fits(spec, lay, limit)
+    log.info(
+        "memory plan",
+        extra={"limit_gib": round(limit, 1), **{name: round(gib, 2) for name, gib in planned.rows()}},
+    )
 
 
 class Policy:
@@ -97,13 +112,13 @@ class Policy:
         layout.validate(spec, config.rollout_batch_size)
         dtype = dtype_for(config.precision)
         check_memory(spec, config, layout, dtype)
-        module = _load(spec, path, dtype, layout, config.recompute)
+        module = _load(spec, path, dtype, layout, config.recompute, config.layer_spec)
         reference = None
         if config.kl_coef > 0:
             ref_path = config.reference_checkpoint or path
             if ModelSpec.from_dir(ref_path) != spec:
                 raise ValueError(f"reference model {ref_path} has a different architecture than the policy")
-            reference = _load(spec, ref_path, dtype, layout).eval()
+            reference = _load(spec, ref_path, dtype, layout, layer_spec=config.layer_spec).eval()
             reference.requires_grad_(False)
         module.config.finalize_model_grads_func = finalize_model_grads
         ddp = DistributedDataParallel(
@@ -131,10 +146,23 @@ class Policy:
         return cls(spec, module, ddp, optimizer, config, layout, reference)
 
     def forward(self, model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        vocab = (
-            self.spec.vocab_size if self.layout.last_stage else None
-        )  # earlier stages return hidden states
-        return forward_logits(model, tokens, attention_mask, vocab)
+        """Logits over this rank's vocabulary slice (``vocab``) on the last stage; hidden states before it."""
+        return forward_logits(model, tokens, attention_mask)
+
+    @functools.cached_property
+    def vocab(self) -> VocabShard | None:
+        """This rank's slice of the vocabulary in the logits (None without tensor parallelism: all of it)."""
+        if self.layout.tp == 1:
+            return None
+        from megatron.core import parallel_state
+
+        return VocabShard.of(
+            self.spec.vocab_size,
+            padded_vocab(self.spec.vocab_size, self.layout.tp),
+            self.layout.tp,
+            self.layout.tp_rank,
+            parallel_state.get_tensor_model_parallel_group(),
+        )
 
     def train(self, samples: list[Sample]) -> StepStats:
         """One step; a collective: every rank of the layout calls it with the same batch."""
@@ -147,6 +175,7 @@ class Policy:
             micro_batch_tokens=self.config.micro_batch_tokens,
             reference=self.reference,
             layout=self.layout,
+            vocab=self.vocab,
         )
 
     def entries(self) -> list[Entry]:

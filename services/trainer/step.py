@@ -5,7 +5,8 @@ gradients accumulated by Megatron's forward-backward schedule, one Megatron opti
 
 The same code runs for every parallel layout: each data-parallel rank trains its share of the batch, pipeline
 stages exchange activations through the schedule (whose micro-batches then all have one fixed shape, padded with
-empty rows), and the logits are gathered over the vocab so the loss sees whole distributions.
+empty rows), and under tensor parallelism each rank's logits are its slice of the vocabulary (``vocab``), the
+per-token figures reduced over the tensor-parallel group (``logprobs.py``).
 
 Log-prob alignment: the log-prob of token t comes from the logits at position t - 1, so every per-token tensor
 here is ``[B, S - 1]`` and indexed by the position of the token it scores.
@@ -28,7 +29,7 @@ from schemas.modes import mode_spec
 from services.config import TrainerConfig
 from services.trainer import advantages as batch_advantages
 from services.trainer import terms as loss_terms
-from services.trainer.logprobs import shifted
+from services.trainer.logprobs import VocabShard, shifted
 from services.trainer.loss import low_var_kl, sample_advantages
 from services.trainer.parallel import ParallelLayout
 
@@ -65,6 +66,8 @@ class StepStats(msgspec.Struct):
     """The values of loss terms other than the built-in ones (``trainer.loss_terms``)."""
     applied: bool = True
     """False when the optimizer skipped the update (non-finite gradients)."""
+    gpu_peak_gib: float | None = None
+    """On a GPU: the most memory torch allocated during the step (to compare with ``turnstream trainer plan``)."""
 
 
 @dataclass(frozen=True)
@@ -155,9 +158,10 @@ def check_seams(settings: TrainerConfig) -> None:
     loss_terms.resolve(tuple(settings.loss_terms))
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """``[B, S, V]`` logits, ``[B, S]`` tokens -> ``[B, S - 1]`` log-prob of each token after the first."""
-    return shifted(logits, tokens, with_entropy=False)[0]
+def token_logprobs(logits: Tensor, tokens: Tensor, vocab: VocabShard | None = None) -> Tensor:
+    """``[B, S, V]`` logits (this rank's vocabulary slice with a ``vocab`` shard), ``[B, S]`` tokens -> ``[B, S - 1]``
+    log-prob of each token after the first."""
+    return shifted(logits, tokens, with_entropy=False, shard=vocab)[0]
 
 
 def micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]]:
@@ -226,6 +230,7 @@ def recomputed_logprobs(
     token_budget: int,
     forward: Forward,
     layout: ParallelLayout,
+    vocab: VocabShard | None = None,
 ) -> list[list[float]]:
     """Each sample's response log-probs under the weights about to be trained (no gradient): pi_old as slime
     computes it by default. Every rank computes its data-parallel share; the last pipeline stages' results are
@@ -235,7 +240,7 @@ def recomputed_logprobs(
     if torch.cuda.is_available():
         micro = [c.to(torch.device("cuda", torch.cuda.current_device())) for c in micro]
     found: dict[str, list[float]] = {}
-    for (group, _), lps in zip(groups, reference_logprobs(model, micro, forward), strict=False):
+    for (group, _), lps in zip(groups, reference_logprobs(model, micro, forward, vocab), strict=False):
         for i, s in enumerate(group):
             p = s.prompt_length
             found[s.sample_id] = lps[i, p - 1 : p - 1 + s.response_length].float().cpu().tolist()
@@ -256,14 +261,17 @@ def micro_loss(
     total: int,
     topk_total: int,
     ref_logprobs: Tensor | None = None,
+    vocab: VocabShard | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the step's loss: the sum of the configured terms (``terms.py``), each a sum of
     per-sample token means divided by the number of samples in the whole (rank-local) batch, so micro-batching
     never changes the update. Returns the loss and detached sums for reporting."""
     topk_ids = c.topk_ids if settings.topk_coef else None
-    new, entropy, student = shifted(logits, c.tokens, topk_ids)
-    assert entropy is not None  # always reported
-    x = loss_terms.LossInputs(logits, new, entropy, student, c, settings, total, topk_total, ref_logprobs)
+    new, entropy, student = shifted(logits, c.tokens, topk_ids, shard=vocab)
+    assert entropy is not None  # always reported (no memory: the chunked pass keeps nothing for it)
+    x = loss_terms.LossInputs(
+        logits, new, entropy, student, c, settings, total, topk_total, ref_logprobs, vocab=vocab
+    )
     loss: Tensor | None = None
     sums: dict[str, Tensor] = {}
     for name, term in loss_terms.resolve(tuple(settings.loss_terms)):
@@ -324,7 +332,9 @@ def _schedule(
     return stats
 
 
-def reference_logprobs(reference: Any, micro: list[Collated], forward: Forward) -> list[Tensor]:
+def reference_logprobs(
+    reference: Any, micro: list[Collated], forward: Forward, vocab: VocabShard | None = None
+) -> list[Tensor]:
     """The frozen reference model's log-prob of every token, per micro-batch (on the last pipeline stage; empty
     on the others, which never compute a loss)."""
     reference.eval()
@@ -333,7 +343,7 @@ def reference_logprobs(reference: Any, micro: list[Collated], forward: Forward) 
             reference,
             micro,
             forward,
-            lambda i, c, logits: (logits.new_zeros(()), {"ref": token_logprobs(logits, c.tokens)}),
+            lambda i, c, logits: (logits.new_zeros(()), {"ref": token_logprobs(logits, c.tokens, vocab)}),
             forward_only=True,
         )
     return [o["ref"] for o in outs]
@@ -406,6 +416,7 @@ def train_step(
     micro_batch_tokens: int = 8192,
     reference: Any = None,
     layout: ParallelLayout | None = None,
+    vocab: VocabShard | None = None,
 ) -> StepStats:
     """Forward and backward over this rank's micro-batches, then one optimizer step. Every rank is handed the
     whole batch and trains its data-parallel share (``rollout_batch_size`` is a multiple of DP, so shares are
@@ -422,7 +433,7 @@ def train_step(
         "is_truncated": None,
     }
     if settings.old_logprobs != "rollout":
-        recomputed = recomputed_logprobs(model, samples, local, micro_batch_tokens, forward, layout)
+        recomputed = recomputed_logprobs(model, samples, local, micro_batch_tokens, forward, layout, vocab)
         off_policy = _importance(samples, recomputed, settings.is_cap)
         rollout = {s.sample_id: s.rollout_logprobs for s in samples}
         samples = [
@@ -439,8 +450,10 @@ def train_step(
         micro = [c.to(torch.device("cuda", torch.cuda.current_device())) for c in micro]
     total = len(local)
     topk_total = max(1, sum(1 for s in local if s.topk_token_ids))
-    refs = reference_logprobs(reference, micro, forward) if reference is not None else None
+    refs = reference_logprobs(reference, micro, forward, vocab) if reference is not None else None
 
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     model.train()
     if hasattr(model, "zero_grad_buffer"):
         model.zero_grad_buffer()
@@ -449,7 +462,9 @@ def train_step(
         model,
         micro,
         forward,
-        lambda i, c, logits: micro_loss(logits, c, settings, total, topk_total, refs[i] if refs else None),
+        lambda i, c, logits: micro_loss(
+            logits, c, settings, total, topk_total, refs[i] if refs else None, vocab
+        ),
         forward_only=False,
     )
     config = getattr(model, "config", None)
@@ -479,4 +494,5 @@ def train_step(
         opd_gap=_opd_gap(samples),
         **off_policy,
         applied=bool(applied),
+        gpu_peak_gib=torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
     )

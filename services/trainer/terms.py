@@ -20,6 +20,7 @@ from torch import Tensor
 
 from services.config import TrainerConfig
 from services.plugins import PluginError, load_function
+from services.trainer.logprobs import VocabShard
 from services.trainer.loss import low_var_kl, ppo_clip_loss, topk_distillation_loss, truncated_importance
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ class LossInputs:
     ``logp`` is there for a term that needs the whole distribution, at the cost of that tensor."""
 
     logits: Tensor
-    """``[B, S, V]`` the policy's logits (with gradient)."""
+    """``[B, S, V]`` the policy's logits (with gradient); under tensor parallelism, this rank's slice of the
+    vocabulary (``vocab``)."""
     new: Tensor
     """``[B, S - 1]`` the policy's log-prob of each token (with gradient)."""
     entropy: Tensor
@@ -52,12 +54,21 @@ class LossInputs:
     """``[B, S - 1]`` the frozen reference's log-probs, when ``kl_coef`` > 0."""
     counts: dict[str, Tensor] = field(default_factory=dict)
     """Detached sums a term reports beside its value (``pg`` puts the clipped-token count here)."""
+    vocab: VocabShard | None = None
+    """The vocabulary slice ``logits`` hold under tensor parallelism (None: the whole vocabulary)."""
 
     @functools.cached_property
     def logp(self) -> Tensor:
-        """``[B, S - 1, V]`` the policy's log-softmax at every position (with gradient): computed on first use,
-        and tokens x vocabulary x 4 bytes kept for backward."""
-        return torch.log_softmax(self.logits[:, :-1].float(), dim=-1)
+        """``[B, S - 1, V]`` the policy's log-softmax over the whole vocabulary at every position (with gradient):
+        computed on first use (gathering the vocabulary over tensor-parallel ranks), and tokens x vocabulary x 4
+        bytes kept for backward."""
+        logits = self.logits
+        if self.vocab is not None:
+            from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+            logits = gather_from_tensor_model_parallel_region(logits)
+            logits = logits[..., : self.vocab.total]
+        return torch.log_softmax(logits[:, :-1].float(), dim=-1)
 
     def mean(self, values: Tensor, mask: Tensor | None = None, n: int | None = None) -> Tensor:
         """Each sample's masked token mean, summed over the micro-batch's real rows and divided by ``n`` (default:

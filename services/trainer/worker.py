@@ -460,6 +460,7 @@ def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> No
         "is_weight_mean",
         "is_weight_max",
         "is_truncated",
+        "gpu_peak_gib",
     ):
         value = getattr(stats, name)
         if value is not None:
@@ -479,6 +480,7 @@ def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> No
             "is_weight_mean": None if stats.is_weight_mean is None else round(stats.is_weight_mean, 5),
             "is_truncated": None if stats.is_truncated is None else round(stats.is_truncated, 5),
             "tokens": stats.tokens,
+            "gpu_peak_gib": None if stats.gpu_peak_gib is None else round(stats.gpu_peak_gib, 2),
             "reward_mean_by_kind": stats.reward_mean_by_kind,
         },
     )

@@ -68,6 +68,14 @@ def config(tp: int, pp: int, distributed_optimizer: bool = True) -> TrainerConfi
         precision="fp32",
         # pi_old recomputed on each rank's share and gathered over every layout, the rollout's as the behaviour.
         old_logprobs="decoupled",
+        # A plugin term reading the whole log-softmax: under TP it gathers the vocabulary slices.
+        loss_terms=[
+            "pg",
+            "entropy",
+            "kl",
+            "topk",
+            "tests.plugin_contracts.fixtures:full_distribution_entropy",
+        ],
     )
 
 
@@ -116,7 +124,7 @@ def run(
     policy = Policy.from_hf(model, settings, layout)
     batch = samples()
     micro = plan(batch, 10_000, policy.settings, fixed=policy.layout.pp > 1)
-    before = reference_logprobs(policy.model, micro, policy.forward)
+    before = reference_logprobs(policy.model, micro, policy.forward, policy.vocab)
     stats = [policy.train(batch) for _ in range(STEPS)]
     weights = policy.export()
     reference = _unshard_reference(policy)

@@ -21,24 +21,24 @@ from services.trainer.spec import ModelSpec
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _anonymous() -> int:
+def anonymous() -> int:
     """Resident bytes not backed by a file (``statm``: resident - shared). The safetensors files are mapped, and
     their pages are page cache the kernel can drop, not memory the load holds."""
     fields = Path("/proc/self/statm").read_text().split()
     return (int(fields[1]) - int(fields[2])) * PAGE
 
 
-class _Peak(threading.Thread):
+class PeakAnonymous(threading.Thread):
     """The highest anonymous resident size while running (sampled every millisecond)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.peak = _anonymous()
+        self.peak = anonymous()
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.001):
-            self.peak = max(self.peak, _anonymous())
+            self.peak = max(self.peak, anonymous())
 
 
 def main() -> None:
@@ -46,8 +46,8 @@ def main() -> None:
     torch.set_num_threads(1)
     layout = init_parallel(ParallelLayout.from_env(tp=int(sys.argv[4]) if len(sys.argv) > 4 else 2))
     spec = ModelSpec.from_dir(path)
-    before = _anonymous()
-    sampler = _Peak()
+    before = anonymous()
+    sampler = PeakAnonymous()
     sampler.start()
     if how == "sliced":
         from services.trainer.hf_load import load_hf_into, safetensors_source
@@ -63,7 +63,7 @@ def main() -> None:
         load_hf_into(model, spec, read_hf_weights(path), layout)
     sampler.done.set()
     sampler.join()
-    peak = max(sampler.peak, _anonymous()) - before
+    peak = max(sampler.peak, anonymous()) - before
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     figures = {"rank": layout.rank, "how": how, "peak_added": peak, "param_bytes": params}
     (out / f"{how}-rank{layout.rank}.json").write_text(json.dumps(figures))

@@ -84,6 +84,10 @@ def assert_matches(got: dict[str, Any], want: dict[str, Any], lr: float = 1e-4) 
         for key in (*keys, "is_weight_mean", "is_weight_max", "is_truncated"):
             assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-6), key
         assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-3)
+        plugin = g["terms"]["full_distribution_entropy"]
+        assert plugin == pytest.approx(
+            g["entropy"], rel=1e-4
+        )  # the gathered log-softmax, the sharded entropy
     assert want["stats"][1]["kl"] > 0 and want["stats"][0]["topk_loss"] > 0  # the extra terms were live
     assert want["stats"][0]["is_weight_mean"] != pytest.approx(1.0, abs=0.05), (
         "the importance weights are live"
