@@ -3,9 +3,10 @@ tensor by tensor to rank 0, written and hashed as it arrives) against the way it
 whole state pickled to rank 0 with ``gather_object``, unsharded, converted, saved, then read back for its sha256),
 on the same loaded model in one run. Prints JSON: seconds and rank 0's peak added anonymous memory per method.
 
-    .venv/bin/python bench/trainer_export.py [--model smollm2|qwen3-1b|both] [--tp 2]
+    .venv/bin/python bench/trainer_export.py [--model smollm2|qwen3-1b|both] [--tp N]
 
 ``qwen3-1b`` is a random-weight Qwen3 of ~1.1B parameters (bf16 safetensors written to a temporary folder).
+Without ``--tp``, each model's smallest tensor-parallel size above 1 (SmolLM2's 9 heads and 3 KV heads: 3).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from services.trainer.parallel import ParallelLayout, unshard
 from services.trainer.spec import ModelSpec
 from tests.services.trainer.load_check import PeakAnonymous, anonymous
 
-path, out, tp = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+path, out, tp, method = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 layout = init_parallel(ParallelLayout.from_env(tp) if tp > 1 else None)
 spec = ModelSpec.from_dir(path)
 stored = json.loads((Path(path) / "config.json").read_text()).get("torch_dtype")
@@ -58,8 +59,12 @@ with safetensors_source(path) as source:
 local = local_parameters(model)
 
 def streamed(target):
-    store = TrainerStore(target)
-    return store.write_version(1, hf_entries(spec, dtype), hf_stream(spec, layout, local), path)[1]
+    stream = hf_stream(spec, layout, local, dtype)
+    if layout.rank != 0:  # the other ranks send their shards, as the trainer's followers do
+        for _ in stream:
+            pass
+        return None
+    return TrainerStore(target).write_version(1, hf_entries(spec, dtype), stream, path)[1]
 
 def gathered(target):
     from safetensors.torch import save_file
@@ -79,7 +84,7 @@ def gathered(target):
     return hashlib.sha256(open(os.path.join(target, "model.safetensors"), "rb").read()).hexdigest()
 
 figures = {}
-for name, fn in (("gathered", gathered), ("streamed", streamed)):
+for name, fn in ((method, {"gathered": gathered, "streamed": streamed}[method]),):
     if layout.distributed:
         torch.distributed.barrier()
     before = anonymous()
@@ -97,12 +102,7 @@ for name, fn in (("gathered", gathered), ("streamed", streamed)):
     if layout.distributed:
         torch.distributed.barrier()
 if layout.rank == 0:
-    from safetensors.torch import load_file
-    a = load_file(out / "gathered" / "model.safetensors")
-    b = load_file(out / "streamed" / "versions" / "v1" / "model.safetensors")
-    figures["same_tensors"] = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    figures["params"] = sum(p.numel() for p in model.parameters())
-    (out / "rank0.json").write_text(json.dumps(figures))
+    (out / f"{method}.json").write_text(json.dumps(figures[method]))
 shutdown_parallel(layout)
 """
 
@@ -122,7 +122,18 @@ def qwen3_1b(folder: Path) -> Path:
     return folder
 
 
-def run(model: Path, tp: int, work: Path) -> dict[str, object]:
+def smallest_tp(model: Path) -> int:
+    config = json.loads((model / "config.json").read_text())
+    heads, kv = (
+        config["num_attention_heads"],
+        config.get("num_key_value_heads", config["num_attention_heads"]),
+    )
+    return next(t for t in range(2, heads + 1) if heads % t == 0 and kv % t == 0)
+
+
+def run(model: Path, tp: int | None, work: Path) -> dict[str, object]:
+    """Each method in a process of its own (memory one method freed would otherwise serve the other)."""
+    tp = tp or smallest_tp(model)
     script = work / "rank.py"
     script.write_text(RANK)
     out = work / f"out-{model.name}"
@@ -130,16 +141,24 @@ def run(model: Path, tp: int, work: Path) -> dict[str, object]:
     launcher = [sys.executable]
     if tp > 1:
         launcher += ["-m", "torch.distributed.run", f"--nproc-per-node={tp}", "--master-port=29631"]
-    proc = subprocess.run(
-        [*launcher, str(script), str(model), str(out), str(tp)],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-4000:])
-    figures: dict[str, object] = json.loads((out / "rank0.json").read_text())
+    figures: dict[str, object] = {"tp": tp}
+    for method in ("gathered", "streamed"):
+        proc = subprocess.run(
+            [*launcher, str(script), str(model), str(out), str(tp), method],
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise SystemExit(proc.stderr[-4000:])
+        figures[method] = json.loads((out / f"{method}.json").read_text())
+    import torch
+    from safetensors.torch import load_file
+
+    a = load_file(out / "gathered" / "model.safetensors")
+    b = load_file(out / "streamed" / "versions" / "v1" / "model.safetensors")
+    figures["same_tensors"] = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     g, s = figures["gathered"], figures["streamed"]
     assert isinstance(g, dict) and isinstance(s, dict)
     figures["time_ratio_streamed_over_gathered"] = round(s["seconds"] / g["seconds"], 3)
@@ -152,12 +171,12 @@ def run(model: Path, tp: int, work: Path) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["smollm2", "qwen3-1b", "both"], default="both")
-    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--tp", type=int, default=None)
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from services.model_store import fetch_smollm2
 
-    results: dict[str, object] = {"tp": args.tp}
+    results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if args.model in ("smollm2", "both"):

@@ -52,12 +52,17 @@ def _rank(lay: ParallelLayout, tp_rank: int, stage: int) -> int:
     return tp_rank + lay.tp * lay.dp * stage  # data-parallel replica 0
 
 
-def hf_stream(spec: ModelSpec, lay: ParallelLayout, local: dict[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
-    """A collective: every rank iterates it to the end; rank 0 gets (Hugging Face name, CPU tensor) pairs in
-    ``hf_entries`` order, the others nothing. ``local``: this rank's parameters by local name."""
+def hf_stream(
+    spec: ModelSpec, lay: ParallelLayout, local: dict[str, Tensor], dtype: torch.dtype
+) -> Iterator[tuple[str, Tensor]]:
+    """A collective: every rank iterates it to the end; rank 0 gets (Hugging Face name, CPU tensor in ``dtype``)
+    pairs in ``hf_entries`` order, the others nothing. ``local``: this rank's parameters by local name. Every
+    tensor travels and is written in ``dtype`` (the model's): Megatron's local norms keep fp32 weights in a bf16
+    model, and a version is one dtype, as the engine loads it."""
     if not lay.distributed:
         for group in _groups(spec):
-            yield from megatron_to_hf(spec, {n: local[n].detach().cpu() for n in group if n in local}).items()
+            part = {n: local[n].detach().to("cpu", dtype) for n in group if n in local}
+            yield from megatron_to_hf(spec, part).items()
         return
     import torch.distributed as dist
 
@@ -70,14 +75,12 @@ def hf_stream(spec: ModelSpec, lay: ParallelLayout, local: dict[str, Tensor]) ->
             for tp_rank in range(lay.tp):
                 src = _rank(lay, tp_rank, stage)
                 if lay.rank == src == 0:
-                    parts.append(local[local_name].detach().cpu())
+                    parts.append(local[local_name].detach().to("cpu", dtype))
                 elif lay.rank == src:
-                    dist.send(local[local_name].detach().contiguous(), dst=0)
+                    dist.send(local[local_name].detach().to(dtype).contiguous(), dst=0)
                 elif lay.rank == 0:
-                    like = next(iter(local.values()))
-                    buffer = torch.empty(
-                        shapes[tp_rank, stage][local_name], dtype=like.dtype, device=like.device
-                    )
+                    device = next(iter(local.values())).device
+                    buffer = torch.empty(shapes[tp_rank, stage][local_name], dtype=dtype, device=device)
                     dist.recv(buffer, src=src)
                     parts.append(buffer.cpu())
             if lay.rank == 0:

@@ -180,13 +180,18 @@ class Policy:
 
     def entries(self) -> list[Entry]:
         """Name, dtype and shape of every exported Hugging Face tensor, in ``hf_stream`` order."""
-        dtype = next(iter(self.module.parameters())).dtype
-        return hf_entries(self.spec, dtype)
+        return hf_entries(self.spec, self.dtype)
 
     def hf_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The model as Hugging Face tensors, one at a time, on rank 0 (a collective: every rank iterates it;
-        the others get nothing)."""
-        return hf_stream(self.spec, self.layout, local_parameters(self.module))
+        """The model as Hugging Face tensors in the model's dtype, one at a time, on rank 0 (a collective: every
+        rank iterates it; the others get nothing)."""
+        return hf_stream(self.spec, self.layout, local_parameters(self.module), self.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's dtype (its embedding's; Megatron's local norms keep fp32 weights in a bf16 model)."""
+        dtype: torch.dtype = next(iter(self.module.parameters())).dtype
+        return dtype
 
     def export(self) -> dict[str, torch.Tensor]:
         """The whole model as Hugging Face tensors, on rank 0 (a collective; other ranks get ``{}``)."""

@@ -83,3 +83,28 @@ def test_the_layer_spec_resolves_to_local_here_and_te_is_refused() -> None:
     assert layer_spec_for("auto") == "local" and layer_spec_for("local") == "local"
     with pytest.raises(ValueError, match="needs Transformer Engine and CUDA"):
         layer_spec_for("te")
+
+
+def test_a_bf16_model_exports_one_dtype(tmp_path: Path) -> None:
+    """Megatron's local norms keep fp32 weights in a bf16 model: the published version is the model's dtype
+    throughout (the streamed writer refuses a tensor of another dtype than its header announced)."""
+    from safetensors.torch import load_file
+
+    from services.trainer.checkpoints import TrainerStore
+    from services.trainer.export import hf_entries, hf_stream, local_parameters
+    from services.trainer.hf_load import load_hf_into
+
+    init_parallel()
+    s = spec("qwen3", tie=False, layers=2)
+    model = build_model(s, torch.bfloat16, initialise=False)
+    load_hf_into(model, s, random_hf(s))
+    dtypes = {p.dtype for p in model.parameters()}
+    assert dtypes == {torch.bfloat16, torch.float32}, dtypes  # what makes the test bite
+    local = local_parameters(model)
+    stream = hf_stream(s, ParallelLayout(), local, torch.bfloat16)
+    path, _ = TrainerStore(tmp_path).write_version(1, hf_entries(s, torch.bfloat16), stream, tmp_path)
+    written = load_file(path / "model.safetensors")
+    assert {t.dtype for t in written.values()} == {torch.bfloat16}
+    assert torch.equal(
+        written["model.norm.weight"], local["decoder.final_layernorm.weight"].to(torch.bfloat16)
+    )

@@ -62,7 +62,7 @@ def test_smollm2_logits_equal_transformers(smollm2_path: Path) -> None:
     ref = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32, attn_implementation="eager")
     model, ours = megatron_logits(spec, hf)
     assert_same_logits(ours, reference_logits(ref.eval(), IDS, MASK))
-    exported = dict(hf_stream(spec, ParallelLayout(), local_parameters(model)))
+    exported = dict(hf_stream(spec, ParallelLayout(), local_parameters(model), torch.float32))
     assert exported.keys() == hf.keys()
     assert all(torch.equal(exported[k], hf[k]) for k in hf), "export is bit-exact"
 
@@ -98,7 +98,7 @@ def test_random_qwen3_logits_equal_transformers_and_round_trip() -> None:
     hf = {k: v.detach().clone() for k, v in ref.state_dict().items()}
     model, ours = megatron_logits(spec, hf)
     assert_same_logits(ours, reference_logits(ref, IDS, MASK))
-    exported = dict(hf_stream(spec, ParallelLayout(), local_parameters(model)))
+    exported = dict(hf_stream(spec, ParallelLayout(), local_parameters(model), torch.float32))
     assert exported.keys() == hf.keys() and all(torch.equal(exported[k], hf[k]) for k in hf)
     again = build_model(spec)
     load_hf_into(again, spec, exported)
