@@ -262,6 +262,9 @@ class TrainerConfig(_Section):
     """A full checkpoint (model and optimizer state, ~16 bytes per parameter: 112 GB at 8B) after this many steps
     or seconds since the last, whichever comes first, and at a clean stop. Weight versions are written every step;
     a restart replays the steps since the last full checkpoint from the samples topic (recorded per step)."""
+    checkpoint_async: bool = True
+    """Write full checkpoints in the background: the state is copied to host memory at the step boundary (one
+    more copy of this rank's model and optimizer state while it is written) and training goes on."""
     micro_batch_tokens: PositiveInt = 8192
     """Forward/backward passes hold at most this many (padded) tokens; gradients accumulate across them."""
     recompute: Literal["auto", "none", "selective", "full"] = "auto"

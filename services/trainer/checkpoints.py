@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,16 +167,29 @@ class TrainerStore:
 
     @staticmethod
     def write_state(tmp: Path, rank: int, model_state: dict[str, Any], optimizer_state: Any) -> None:
-        """One rank's model and optimizer state (each rank of a parallel layout writes its own file)."""
+        """One rank's model and optimizer state (each rank of a parallel layout writes its own file), then its
+        ``rank<r>.done`` marker: what ``wait_for_ranks`` counts before the checkpoint is committed."""
         path = tmp / f"state-rank{rank}.pt"
         torch.save({"model": model_state, "optimizer": optimizer_state}, path)
         with open(path, "rb") as fh:
             os.fsync(fh.fileno())
+        (tmp / f"rank{rank}.done").touch()
+
+    @staticmethod
+    def wait_for_ranks(tmp: Path, world_size: int, poll_s: float = 0.05) -> None:
+        """Until every rank's state is written into ``tmp`` (a shared filesystem; no collective, so a background
+        writer never competes with a step's collectives)."""
+        while sum(1 for _ in tmp.glob("rank*.done")) < world_size:
+            if not tmp.exists():
+                raise RuntimeError(f"{tmp} vanished while its ranks were writing")
+            time.sleep(poll_s)
 
     def commit(self, meta: CheckpointMeta, tmp: Path) -> None:
         """Make the staged checkpoint (every rank's state written) the resume point: ``latest.json`` moves to it
         only once it is complete on disk; older checkpoints are removed."""
         final = self.checkpoints / f"ckpt-v{meta.version}"
+        for marker in tmp.glob("rank*.done"):
+            marker.unlink()
         (tmp / "meta.json").write_bytes(msgspec.json.encode(meta))
         with open(tmp / "meta.json", "rb") as fh:
             os.fsync(fh.fileno())
@@ -220,3 +235,44 @@ class TrainerStore:
             path, weights_only=False, map_location="cpu"
         )  # written by write_state()
         return state
+
+
+def snapshot(obj: Any) -> Any:
+    """A CPU copy of a (nested) state, taken at a step boundary so that it can be written while the next step
+    changes the live tensors."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(snapshot(v) for v in obj)
+    return obj
+
+
+class BackgroundWriter:
+    """One checkpoint write at a time, in a thread: ``start`` waits for the previous one (and raises its error),
+    ``wait`` before exit."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, write: Callable[[], None]) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as exc:  # re-raised in the training thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError("writing the checkpoint failed") from error

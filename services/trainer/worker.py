@@ -37,7 +37,7 @@ from services.bus import (
 )
 from services.config import Config, KafkaConfig
 from services.metrics import serve_metrics
-from services.trainer.checkpoints import CheckpointMeta, StepRecord, TrainerStore
+from services.trainer.checkpoints import BackgroundWriter, CheckpointMeta, StepRecord, TrainerStore, snapshot
 from services.trainer.collective import barrier, broadcast
 from services.trainer.parallel import ParallelLayout
 from services.trainer.safetensors_stream import Entry
@@ -153,6 +153,7 @@ class TrainerLoop:
         """Steps after the last full checkpoint, to train again from the same samples before going on."""
         self.since_checkpoint = 0
         self.checkpointed_at = time.monotonic()
+        self.writer = BackgroundWriter()
 
     def resume(self) -> bool:
         """Load the newest full checkpoint and queue the recorded steps after it for replay."""
@@ -244,31 +245,44 @@ class TrainerLoop:
         return self.announcement(str(path), digest)
 
     def checkpoint(self) -> None:
-        """A full checkpoint of the current state (a collective: the other ranks write their own state)."""
+        """A full checkpoint of the current state (a collective: the other ranks write their own state). The
+        state is copied at this step boundary and written in the background while training goes on
+        (``trainer.checkpoint_async``); rank 0 commits it once every rank's file is on disk."""
+        self.writer.wait()  # the previous checkpoint is committed (or its error raised) first
         meta = CheckpointMeta(
             version=self.version,
             step=self.step,
             offsets=_keyed(self.offsets),
-            trained=self.trained,
+            trained=list(self.trained),
             samples_trained=self.samples_trained,
             base_model=self.base,
         )
-        started = time.perf_counter()
         tmp = self.store.stage(self.version)
         barrier(self.layout)  # the staging folder exists
-        self.store.write_state(tmp, self.layout.rank, *self.policy.state())
-        barrier(self.layout)  # every rank's state is on disk
-        self.store.commit(meta, tmp)
+        state = snapshot(self.policy.state())
+        started = time.perf_counter()
+
+        def write() -> None:
+            self.store.write_state(tmp, self.layout.rank, *state)
+            self.store.wait_for_ranks(tmp, self.layout.world_size)
+            self.store.commit(meta, tmp)
+            CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
+            log.info("checkpoint written", extra={"version": meta.version})
+
+        if self.tc.checkpoint_async:
+            self.writer.start(write)
+        else:
+            write()
         self.since_checkpoint = 0
         self.checkpointed_at = time.monotonic()
-        CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
-        log.info("checkpoint written", extra={"version": self.version})
 
     def stop(self) -> None:
-        """A clean stop checkpoints what the last full checkpoint lacks, so the next start replays nothing."""
+        """A clean stop checkpoints what the last full checkpoint lacks, so the next start replays nothing, and
+        waits for it to be committed."""
         if self.since_checkpoint and not self.replay:
             broadcast(("checkpoint", self.version), self.layout)
             self.checkpoint()
+        self.writer.wait()
         broadcast(("stop",), self.layout)
 
     def announcement(self, path: str, digest: str | None = None) -> WeightsPublished:
@@ -298,12 +312,14 @@ class TrainerLoop:
         )
 
 
-def follow(policy: TrainablePolicy, store: TrainerStore) -> None:
+def follow(policy: TrainablePolicy, store: TrainerStore, background: bool = True) -> None:
     """A rank other than 0: resume, train, gather and checkpoint exactly when rank 0 does, until it stops."""
     layout: ParallelLayout = policy.layout
+    writer = BackgroundWriter()
     while True:
         command = broadcast(None, layout)
         if command[0] == "stop":
+            writer.wait()
             return
         if command[0] == "resume":
             if command[1] is not None:
@@ -315,15 +331,23 @@ def follow(policy: TrainablePolicy, store: TrainerStore) -> None:
                 for _ in policy.hf_stream():  # the gather to rank 0
                     pass
             if checkpoint:
-                _write_state(policy, store, version)
+                _write_state(policy, store, version, writer, background)
         elif command[0] == "checkpoint":
-            _write_state(policy, store, command[1])
+            _write_state(policy, store, command[1], writer, background)
 
 
-def _write_state(policy: TrainablePolicy, store: TrainerStore, version: int) -> None:
-    barrier(policy.layout)
-    store.write_state(store.staged(version), policy.layout.rank, *policy.state())
-    barrier(policy.layout)
+def _write_state(
+    policy: TrainablePolicy, store: TrainerStore, version: int, writer: BackgroundWriter, background: bool
+) -> None:
+    """This rank's part of a checkpoint: as rank 0's ``TrainerLoop.checkpoint``, without the commit."""
+    writer.wait()
+    barrier(policy.layout)  # rank 0 has staged the folder
+    state = snapshot(policy.state())
+    tmp, rank = store.staged(version), policy.layout.rank
+    if background:
+        writer.start(lambda: store.write_state(tmp, rank, *state))
+    else:
+        store.write_state(tmp, rank, *state)
 
 
 async def run_trainer(
@@ -346,7 +370,7 @@ async def run_trainer(
         serve_metrics(config.metrics.port, config.metrics.host)
     policy = await asyncio.to_thread(Policy.from_hf, tc.hf_checkpoint, tc, layout)
     if layout.rank != 0:  # only rank 0 talks to Kafka; the others follow its commands
-        await asyncio.to_thread(follow, policy, store)
+        await asyncio.to_thread(follow, policy, store, tc.checkpoint_async)
         await asyncio.to_thread(shutdown_parallel, layout)
         return
     stop = stop or asyncio.Event()

@@ -78,3 +78,36 @@ def test_step_records_replay_in_order_and_a_gap_is_refused(tmp_path: Path) -> No
     store.write_step(record(5))
     with pytest.raises(RuntimeError, match="gap at v4"):
         store.steps_after(2)
+
+
+def test_a_background_checkpoint_commits_when_every_rank_is_written_and_reports_failure(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    from services.trainer.checkpoints import BackgroundWriter, snapshot
+
+    store = TrainerStore(tmp_path)
+    tmp = store.stage(4)
+    live = {"w": torch.zeros(3)}
+    state = snapshot(live)
+    live["w"] += 1  # the next step changes the live tensors; the snapshot keeps the step boundary's
+    writer = BackgroundWriter()
+
+    def rank0() -> None:
+        store.write_state(tmp, 0, state, {"step": 4})
+        store.wait_for_ranks(tmp, 2)
+        store.commit(meta(4), tmp)
+
+    writer.start(rank0)
+    threading.Timer(0.3, lambda: store.write_state(tmp, 1, state, {"step": 4})).start()
+    assert store.latest() is None  # rank 1 has not written yet: nothing committed
+    writer.wait()
+    found = store.latest()
+    assert found is not None and found[0].version == 4
+    assert torch.equal(store.load_state(found[1], 0)["model"]["w"], torch.zeros(3))
+    assert not list(found[1].glob("rank*.done"))
+
+    writer.start(lambda: store.write_state(tmp_path / "missing", 0, {}, {}))
+    with pytest.raises(RuntimeError, match="writing the checkpoint failed"):
+        writer.wait()

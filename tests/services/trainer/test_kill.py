@@ -93,7 +93,8 @@ async def test_kill9_during_and_between_steps_trains_each_sample_once(
             published = 4 * steps
 
     out = tmp_path / "weights"
-    # Full checkpoints every third step: most kills land between them, and the restart replays the rest.
+    # Full checkpoints every third step, written in the background: most kills land between them or during a
+    # write, and the restart replays the rest.
     env = {**trainer_env(kafka, tiny_llama, out), "TURNSTREAM_TRAINER_CHECKPOINT_EVERY_STEPS": "3"}
 
     def announced() -> int:
@@ -136,6 +137,9 @@ async def test_a_restart_replays_the_steps_since_the_last_full_checkpoint_exactl
     env = {
         **trainer_env(kafka, tiny_llama, tmp_path / "weights"),
         "TURNSTREAM_TRAINER_CHECKPOINT_EVERY_STEPS": "3",
+        # in the foreground here, so that the kill after step 5 finds v3 committed (the test above kills
+        # background writes too)
+        "TURNSTREAM_TRAINER_CHECKPOINT_ASYNC": "false",
     }
     out = tmp_path / "weights"
     log_path = tmp_path / "trainer.log"
