@@ -435,7 +435,13 @@ async def run_trainer(
             while trainer.replay and not stop.is_set():  # published before the restart: train again, quietly
                 record = trainer.replay[0]
                 replayed = pending.take_ids(record.sample_ids)
-                if replayed is None:  # not all consumed yet
+                if replayed is None:  # not all consumed yet, unless the topic holds them no more
+                    if not batch and await _at_end(consumer, tps):
+                        raise RuntimeError(
+                            f"replay of step v{record.version}: its samples are no longer on {topic} (a retention "
+                            "shorter than the checkpoint cadence?), so the state behind the published versions "
+                            "after the last full checkpoint cannot be rebuilt"
+                        )
                     break
                 await asyncio.to_thread(trainer.train, replayed)
                 trainer.replayed(replayed)
@@ -459,6 +465,15 @@ async def run_trainer(
         await consumer.stop()
         await producer.stop()
         await asyncio.to_thread(shutdown_parallel, layout)
+
+
+async def _at_end(consumer: Any, tps: list[TopicPartition]) -> bool:
+    """Whether the consumer has read every partition to its end."""
+    ends = await consumer.end_offsets(tps)
+    for tp in tps:
+        if await consumer.position(tp) < ends[tp]:
+            return False
+    return True
 
 
 async def _announced_version(kafka: KafkaConfig) -> int:

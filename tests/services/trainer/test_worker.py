@@ -135,3 +135,23 @@ async def test_records_that_are_not_samples_go_to_deadletter_and_training_goes_o
     assert sorted(d.payload for d in letters) == sorted([garbage, turn])  # kept verbatim
     assert {d.source_topic for d in letters} == {SAMPLES.name(kafka.namespace)}
     assert {d.source_key for d in letters} == {b"k1", b"k2"} and all(d.error for d in letters)
+
+
+async def test_a_step_whose_samples_are_gone_stops_the_replay_with_the_reason(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+) -> None:
+    """A recorded step after the last checkpoint whose samples the topic no longer holds (retention): the
+    trainer refuses to go on rather than train on another history, once it has read the topic to its end."""
+    from services.trainer.checkpoints import StepRecord
+
+    out = tmp_path / "weights"
+    await publish(kafka, [make_sample(i) for i in range(4)])
+    await run(config(kafka, tiny_llama, out, max_steps=1))  # v1, checkpointed at the clean stop
+    store = TrainerStore(out)
+    found = store.latest()
+    assert found is not None and found[0].version == 1
+    store.write_step(
+        StepRecord(2, ["gone:1", "gone:2", "gone:3", "gone:4"], found[0].offsets, found[0].offsets, 8)
+    )
+    with pytest.raises(RuntimeError, match="replay of step v2: its samples are no longer on"):
+        await run(config(kafka, tiny_llama, out, max_steps=1))
