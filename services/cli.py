@@ -157,7 +157,8 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         "--attention",
         choices=["local", "fused"],
         default="local",
-        help="Megatron's local attention (what the trainer runs today) or Transformer Engine's fused one",
+        help="Megatron's local attention (the trainer's without Transformer Engine, as on the CPU; default) or "
+        "Transformer Engine's fused one (the trainer's on GPUs where it is installed)",
     )
     plan.add_argument("--fp32", action="store_true", help="fp32 weights (default bf16, as on GPUs)")
     plan.add_argument(

@@ -259,9 +259,10 @@ class TrainerConfig(_Section):
     """Published weight folders kept on disk (older ones are deleted; the engine has loaded them by then)."""
     checkpoint_every_steps: PositiveInt = 10
     checkpoint_every_s: PositiveFloat = 1800.0
-    """A full checkpoint (model and optimizer state, ~16 bytes per parameter: 112 GB at 8B) after this many steps
-    or seconds since the last, whichever comes first, and at a clean stop. Weight versions are written every step;
-    a restart replays the steps since the last full checkpoint from the samples topic (recorded per step)."""
+    """A full checkpoint (every rank's model and optimizer state: 2 x DP + 12 bytes per parameter in bf16 with
+    the distributed optimizer, 147 GB for 8B at DP 3) after this many steps or seconds since the last, whichever
+    comes first, and at a clean stop. Weight versions are written every step; a restart replays the steps since
+    the last full checkpoint from the samples topic (recorded per step)."""
     checkpoint_async: bool = True
     """Write full checkpoints in the background: the state is copied to host memory at the step boundary (one
     more copy of this rank's model and optimizer state while it is written) and training goes on."""

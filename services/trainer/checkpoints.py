@@ -205,6 +205,8 @@ class TrainerStore:
         for old in self.checkpoints.glob("ckpt-v*"):
             if old.name != final.name:
                 shutil.rmtree(old, ignore_errors=True)
+        for staged in self.checkpoints.glob(".ckpt-v*.tmp"):  # a write a kill interrupted
+            shutil.rmtree(staged, ignore_errors=True)
         for record in self.steps.glob("v*.json"):  # the checkpoint's lineage holds them now
             if record.stem[1:].isdigit() and int(record.stem[1:]) <= meta.version:
                 record.unlink(missing_ok=True)

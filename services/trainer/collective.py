@@ -15,20 +15,30 @@ from services.trainer.parallel import ParallelLayout
 
 CONTROL_TIMEOUT = timedelta(days=365)
 _control: Any = None
+_transfer: Any = None
 
 
 def init_control() -> None:
-    """Create the control group (a collective: every rank calls it once, after the process group exists)."""
-    global _control
+    """Create the control group and the transfer group (collectives: every rank calls this once, after the
+    process group exists)."""
+    global _control, _transfer
     import torch.distributed as dist
 
     if _control is None and dist.is_initialized() and dist.get_world_size() > 1:
         _control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        _transfer = dist.new_group(timeout=CONTROL_TIMEOUT)
+
+
+def transfer_group() -> Any:
+    """The tensor backend's group (NCCL on GPUs) without a practical timeout, for the weight export: a rank
+    sends its shards as rank 0 asks for them, and rank 0 writes to disk in between, which on a slow disk can
+    take longer than a step's collective timeout."""
+    return _transfer
 
 
 def drop_control() -> None:
-    global _control
-    _control = None
+    global _control, _transfer
+    _control = _transfer = None
 
 
 def broadcast(obj: Any, layout: ParallelLayout) -> Any:

@@ -2,9 +2,10 @@
 
 Every rank walks the same list of Megatron parameters (the embedding, then layer by layer, then the final norm and
 output layer). For each, the ranks that hold its tensor-parallel shards in data-parallel replica 0 send them to
-rank 0 (point to point, on the tensor group: NCCL on GPUs), which joins them (``parallel.join``), converts each
-finished group (one layer) to Hugging Face tensors and hands them on, so rank 0 holds one layer of the full model
-at a time instead of every shard of every rank pickled at once (``dist.gather_object``, ~66 GB at 8B)."""
+rank 0 (point to point on the tensor backend, NCCL on GPUs, in a group without a practical timeout), which joins
+them (``parallel.join``), converts each finished group (one layer) to Hugging Face tensors and hands them on, so
+rank 0 holds one layer of the full model at a time instead of every shard of every rank pickled at once
+(``dist.gather_object``, ~66 GB at 8B)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from services.trainer.collective import transfer_group
 from services.trainer.model import hf_shapes, hf_to_megatron, local_spec_name, megatron_to_hf
 from services.trainer.parallel import ParallelLayout, join, shard, stage_layers
 from services.trainer.safetensors_stream import Entry
@@ -67,6 +69,7 @@ def hf_stream(
     import torch.distributed as dist
 
     shapes = _shard_shapes(spec, lay)
+    channel = transfer_group()
     for group in _groups(spec):
         full: dict[str, Tensor] = {}
         for name in group:
@@ -77,11 +80,11 @@ def hf_stream(
                 if lay.rank == src == 0:
                     parts.append(local[local_name].detach().to("cpu", dtype))
                 elif lay.rank == src:
-                    dist.send(local[local_name].detach().to(dtype).contiguous(), dst=0)
+                    dist.send(local[local_name].detach().to(dtype).contiguous(), dst=0, group=channel)
                 elif lay.rank == 0:
                     device = next(iter(local.values())).device
                     buffer = torch.empty(shapes[tp_rank, stage][local_name], dtype=dtype, device=device)
-                    dist.recv(buffer, src=src)
+                    dist.recv(buffer, src=src, group=channel)
                     parts.append(buffer.cpu())
             if lay.rank == 0:
                 joined = join(local_name, parts)

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from services.trainer.checkpoints import snapshot
+
 
 def _subs(optimizer: Any) -> list[Any]:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
@@ -24,10 +26,10 @@ def _distributed(sub: Any) -> bool:
 
 
 def optimizer_state(optimizer: Any) -> Any:
-    """This rank's optimizer state, detached from the live buffers (``torch.save``-able)."""
+    """This rank's optimizer state as host copies, detached from the live buffers (``torch.save``-able)."""
     out = []
     for sub in _subs(optimizer):
-        state = sub.state_dict()
+        state = snapshot(sub.state_dict())  # the distributed optimizer's: param groups and step only
         if _distributed(sub):
             shard = sub.get_parameter_state_dp_reshardable()
             for index in range(len(sub.gbuf_ranges)):

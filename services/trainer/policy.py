@@ -17,6 +17,7 @@ import torch
 
 from schemas import Sample
 from services.config import TrainerConfig
+from services.trainer.checkpoints import snapshot
 from services.trainer.cpu_shim import cpu_allocations
 from services.trainer.export import hf_entries, hf_stream, local_parameters
 from services.trainer.hf_load import load_hf_into, safetensors_source
@@ -189,8 +190,9 @@ class Policy:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The model's dtype (its embedding's; Megatron's local norms keep fp32 weights in a bf16 model)."""
-        dtype: torch.dtype = next(iter(self.module.parameters())).dtype
+        """The model's dtype, the same on every rank (a parameter's is not: Megatron's local norms keep fp32
+        weights in a bf16 model, and a later pipeline stage starts with one)."""
+        dtype: torch.dtype = self.module.config.params_dtype
         return dtype
 
     def export(self) -> dict[str, torch.Tensor]:
@@ -198,8 +200,9 @@ class Policy:
         return dict(self.hf_stream())
 
     def state(self) -> tuple[dict[str, Any], Any]:
-        """This rank's model and optimizer state, for its checkpoint file."""
-        return self.module.state_dict(), optimizer_state(self.optimizer)
+        """This rank's model and optimizer state, for its checkpoint file: host copies, so that they can be
+        written while the next step changes the live tensors."""
+        return snapshot(self.module.state_dict()), optimizer_state(self.optimizer)
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.module.load_state_dict(state["model"])

@@ -15,10 +15,11 @@ batch, and every rank trains its share, joins the weight gather and writes its o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,7 +38,7 @@ from services.bus import (
 )
 from services.config import Config, KafkaConfig
 from services.metrics import serve_metrics
-from services.trainer.checkpoints import BackgroundWriter, CheckpointMeta, StepRecord, TrainerStore, snapshot
+from services.trainer.checkpoints import BackgroundWriter, CheckpointMeta, StepRecord, TrainerStore
 from services.trainer.collective import barrier, broadcast
 from services.trainer.parallel import ParallelLayout
 from services.trainer.safetensors_stream import Entry
@@ -106,7 +107,9 @@ class _Pending:
 
     def take_ids(self, ids: list[str]) -> list[Sample] | None:
         """The samples of a recorded step, in its order, once all of them have been consumed (None before)."""
-        found = {s.sample_id: i for i, (_, _, s) in enumerate(self.samples)}
+        found: dict[str, int] = {}
+        for i, (_, _, s) in enumerate(self.samples):
+            found.setdefault(s.sample_id, i)  # the first copy of a redelivered id, as ``take`` would
         if any(sid not in found for sid in ids):
             return None
         taken = [self.samples[found[sid]][2] for sid in ids]
@@ -114,10 +117,11 @@ class _Pending:
         self.samples = [entry for i, entry in enumerate(self.samples) if i not in chosen]
         return taken
 
-    def drop_before(self, offsets: dict[int, int]) -> None:
-        """Forget samples below a recorded step's safe offsets: the run that recorded it trained or dropped each
-        of them already (consumed again during a replay, some may look fresh that were judged stale then)."""
-        self.samples = [e for e in self.samples if e[1] >= offsets.get(e[0], 0)]
+    def after_replay(self, offsets: dict[int, int], fresh: Callable[[Sample], bool]) -> None:
+        """After the last recorded step: forget samples below its safe offsets (the run that recorded it trained
+        or dropped each of them), and judge the rest's staleness now (a replay takes every sample, as the
+        recorded run may have read them at another version)."""
+        self.samples = [e for e in self.samples if e[1] >= offsets.get(e[0], 0) and fresh(e[2])]
         for partition, offset in offsets.items():
             self.next_offset[partition] = max(self.next_offset.get(partition, offset), offset)
 
@@ -192,18 +196,11 @@ class TrainerLoop:
 
     def train(self, samples: list[Sample], checkpoint: bool = False) -> StepStats:
         """One step (``checkpoint``: the other ranks are to write their state after it, as rank 0's ``persist``
-        will); with a replay queued, the step it records (same samples, or a refusal), nothing written."""
+        will); with a replay queued, the step it records, nothing written."""
         replaying = bool(self.replay)
-        if replaying:
-            record = self.replay[0]
-            ids = [s.sample_id for s in samples]
-            if ids != record.sample_ids:
-                raise RuntimeError(
-                    f"replay of step v{record.version} diverged: the samples topic gave {ids[:3]}..., the step "
-                    f"trained {record.sample_ids[:3]}... (topic retention, or max_staleness / rollout_batch_size "
-                    "changed since the checkpoint)"
-                )
         checkpoint = checkpoint and not replaying
+        if checkpoint:  # the previous checkpoint committed (or its error raised) before the ranks are told
+            self.writer.wait()
         broadcast(("step", samples, self.version + 1, not replaying, checkpoint), self.layout)
         started = time.perf_counter()
         stats: StepStats = self.policy.train(samples)
@@ -224,20 +221,22 @@ class TrainerLoop:
         self.since_checkpoint += 1
 
     def persist(self, samples: list[Sample], offsets: dict[int, int], checkpoint: bool) -> WeightsPublished:
-        """After a step: the new version on disk, its step record, and a full checkpoint when due."""
-        self.advance(samples)
+        """After a step: the new version on disk, its step record, and a full checkpoint when due. The loop's
+        state moves only once both are written: a failure before leaves it at the last recorded step."""
+        version = self.version + 1
         path, digest = self.store.write_version(
-            self.version, self.policy.entries(), self.policy.hf_stream(), self.base
+            version, self.policy.entries(), self.policy.hf_stream(), self.base
         )
         self.store.write_step(
             StepRecord(
-                version=self.version,
-                sample_ids=self.trained[-1],
+                version=version,
+                sample_ids=[s.sample_id for s in samples],
                 offsets_before=_keyed(self.offsets),
                 offsets=_keyed(offsets),
-                samples_trained=self.samples_trained,
+                samples_trained=self.samples_trained + len(samples),
             )
         )
+        self.advance(samples)
         self.offsets = dict(offsets)
         if checkpoint:
             self.checkpoint()
@@ -248,7 +247,7 @@ class TrainerLoop:
         """A full checkpoint of the current state (a collective: the other ranks write their own state). The
         state is copied at this step boundary and written in the background while training goes on
         (``trainer.checkpoint_async``); rank 0 commits it once every rank's file is on disk."""
-        self.writer.wait()  # the previous checkpoint is committed (or its error raised) first
+        self.writer.wait()  # already waited for before the ranks were told, when they were
         meta = CheckpointMeta(
             version=self.version,
             step=self.step,
@@ -259,7 +258,7 @@ class TrainerLoop:
         )
         tmp = self.store.stage(self.version)
         barrier(self.layout)  # the staging folder exists
-        state = snapshot(self.policy.state())
+        state = self.policy.state()  # host copies of this step boundary's state
         started = time.perf_counter()
 
         def write() -> None:
@@ -278,11 +277,13 @@ class TrainerLoop:
 
     def stop(self) -> None:
         """A clean stop checkpoints what the last full checkpoint lacks, so the next start replays nothing, and
-        waits for it to be committed."""
+        waits for it to be committed. (After an error there is no stop: the ranks may be inside a collective,
+        and torchrun ends them when rank 0 exits.)"""
+        self.writer.wait()
         if self.since_checkpoint and not self.replay:
             broadcast(("checkpoint", self.version), self.layout)
             self.checkpoint()
-        self.writer.wait()
+            self.writer.wait()
         broadcast(("stop",), self.layout)
 
     def announcement(self, path: str, digest: str | None = None) -> WeightsPublished:
@@ -342,7 +343,7 @@ def _write_state(
     """This rank's part of a checkpoint: as rank 0's ``TrainerLoop.checkpoint``, without the commit."""
     writer.wait()
     barrier(policy.layout)  # rank 0 has staged the folder
-    state = snapshot(policy.state())
+    state = policy.state()
     tmp, rank = store.staged(version), policy.layout.rank
     if background:
         writer.start(lambda: store.write_state(tmp, rank, *state))
@@ -389,6 +390,7 @@ async def run_trainer(
     producer = EventProducer(kafka, client_id=f"{kafka.client_id}-trainer")
     await producer.start()
     await consumer.start()
+    clean = False  # after an error the other ranks may be inside a collective: no stop protocol then
     try:
         tps = await topic_partitions(consumer, topic)
         consumer.assign(tps)
@@ -427,7 +429,7 @@ async def run_trainer(
                         pending.processed(tp.partition, rec.offset)
                         continue
                     sample = decoded.event
-                    if trainer.fresh(sample):
+                    if trainer.replay or trainer.fresh(sample):  # a replay judges staleness after it
                         pending.add(tp.partition, rec.offset, sample)
                     else:
                         pending.processed(tp.partition, rec.offset)
@@ -446,7 +448,7 @@ async def run_trainer(
                 await asyncio.to_thread(trainer.train, replayed)
                 trainer.replayed(replayed)
                 if not trainer.replay:
-                    pending.drop_before({int(p): o for p, o in record.offsets.items()})
+                    pending.after_replay({int(p): o for p, o in record.offsets.items()}, trainer.fresh)
             while not trainer.replay and len(pending.samples) >= tc.rollout_batch_size and not stop.is_set():
                 samples = pending.take(tc.rollout_batch_size)
                 offsets = pending.safe_offsets()
@@ -460,11 +462,17 @@ async def run_trainer(
                 steps_this_run += 1
                 if tc.max_steps and steps_this_run >= tc.max_steps:
                     stop.set()
+        clean = True
     finally:
-        await asyncio.to_thread(trainer.stop)
+        if clean:
+            await asyncio.to_thread(trainer.stop)
+        elif not layout.distributed:  # let a background checkpoint finish; its error is not the one to report
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(trainer.writer.wait)
         await consumer.stop()
         await producer.stop()
-        await asyncio.to_thread(shutdown_parallel, layout)
+        if clean:
+            await asyncio.to_thread(shutdown_parallel, layout)
 
 
 async def _at_end(consumer: Any, tps: list[TopicPartition]) -> bool:

@@ -155,3 +155,50 @@ async def test_a_step_whose_samples_are_gone_stops_the_replay_with_the_reason(
     )
     with pytest.raises(RuntimeError, match="replay of step v2: its samples are no longer on"):
         await run(config(kafka, tiny_llama, out, max_steps=1))
+
+
+def test_after_a_replay_pending_samples_are_those_the_recorded_run_had_not_resolved() -> None:
+    """A replay takes every sample it reads (the recorded run may have read them at another version); after the
+    last recorded step, what lies below its safe offsets was resolved then, and the rest is judged stale or
+    fresh now. A redelivered id is taken at its first copy, as ``take`` would."""
+    from services.trainer.worker import _Pending
+
+    pending = _Pending({0: 0, 1: 0})
+    for offset, sample in enumerate([make_sample(0), make_sample(1), make_sample(2, weight_version=0)]):
+        pending.add(0, offset, sample)
+    pending.add(1, 0, make_sample(3, weight_version=5))
+    pending.add(1, 1, make_sample(1))  # a redelivery of sample 1
+    taken = pending.take_ids([make_sample(1).sample_id])
+    assert taken is not None and [s.sample_id for s in taken] == [make_sample(1).sample_id]
+    assert [(p, o) for p, o, _ in pending.samples] == [(0, 0), (0, 2), (1, 0), (1, 1)]
+    assert pending.take_ids(["never-seen"]) is None
+    stale = make_sample(2).sample_id
+    pending.after_replay({0: 1, 1: 1}, lambda s: s.sample_id != stale)
+    # (0, 0) and (1, 0) lie below the recorded safe offsets; (0, 2) is stale now; the redelivery stays
+    assert [(p, o) for p, o, _ in pending.samples] == [(1, 1)]
+
+
+def test_a_failed_publish_leaves_the_loop_at_its_last_recorded_step(tmp_path: Path) -> None:
+    """The version's file fails halfway (a tensor the header did not announce): no record, no version folder,
+    and the loop's version, lineage and offsets unchanged, so nothing a later checkpoint writes claims the step."""
+    from services.trainer.parallel import ParallelLayout
+    from services.trainer.safetensors_stream import Entry
+    from services.trainer.worker import TrainerLoop
+
+    class Failing:
+        layout = ParallelLayout()
+
+        def entries(self) -> list[Entry]:
+            return [Entry("a", torch.float32, (2,))]
+
+        def hf_stream(self):  # type: ignore[no-untyped-def]
+            yield "b", torch.zeros(2)
+
+    cfg = Config(trainer=TrainerConfig(hf_checkpoint=str(tmp_path)))
+    store = TrainerStore(tmp_path / "weights")
+    loop = TrainerLoop(cfg, Failing(), store, str(tmp_path))  # type: ignore[arg-type]
+    loop.offsets = {0: 4}
+    with pytest.raises(ValueError, match="expected"):
+        loop.persist([make_sample(i) for i in range(4)], {0: 8}, checkpoint=False)
+    assert (loop.version, loop.trained, loop.offsets, loop.since_checkpoint) == (0, [], {0: 4}, 0)
+    assert store.newest_version() == 0 and not (tmp_path / "weights" / "versions" / "v1").exists()
