@@ -474,6 +474,61 @@ class WeightsPublished(Event, frozen=True, tag="weights_published"):
         _require_in("format", self.format, frozenset({"hf-safetensors"}))
 
 
+class EvalAnswer(msgspec.Struct, frozen=True):
+    """One held-out question, the policy's greedy answer, and whether each persona's preference is met by it."""
+
+    question: str
+    answer: str
+    satisfied: dict[str, bool]
+    """Persona name -> whether the answer meets that persona's preference."""
+    completion_tokens: int = 0
+
+
+class EvalResult(Event, frozen=True, tag="eval_result"):
+    """The held-out evaluation of one weight version: a fixed question set that training traffic never asks,
+    answered greedily by the engine serving ``version``, each answer scored by every persona's preference check.
+    ``scores`` is derived from ``answers`` (checked): a reader can recompute and audit every figure."""
+
+    version: int
+    """The weight version the engine served for every answer (0: the starting weights)."""
+    question_set: str
+    """Names the held-out set (a digest of its questions), so results of different sets are never mixed."""
+    answers: list[EvalAnswer]
+    scores: dict[str, float]
+    """Persona name -> the share of answers meeting its preference."""
+    model: str
+    evaluated_at: float
+    duration_s: float = 0.0
+    mean_words: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require_schema_version(self.schema_version)
+        if self.version < 0:
+            _fail("version", f"must be >= 0, got {self.version}")
+        _require_id("question_set", self.question_set)
+        _require_id("model", self.model)
+        if not self.answers:
+            _fail("answers", "must hold at least one answer")
+        personas = set(self.scores)
+        if not personas:
+            _fail("scores", "must score at least one persona")
+        for i, a in enumerate(self.answers):
+            if set(a.satisfied) != personas:
+                _fail(
+                    "answers",
+                    f"answer {i} is judged for {sorted(a.satisfied)}, the scores for {sorted(personas)}",
+                )
+            if a.completion_tokens < 0:
+                _fail("answers", f"answer {i}: completion_tokens must be >= 0")
+        n = len(self.answers)
+        for name, score in self.scores.items():
+            met = sum(1 for a in self.answers if a.satisfied[name])
+            if abs(score - met / n) > 1e-9:
+                _fail("scores", f"{name}: {score} is not the share of satisfied answers ({met}/{n})")
+        if self.duration_s < 0:
+            _fail("duration_s", f"must be >= 0, got {self.duration_s}")
+
+
 class DeadLetter(Event, frozen=True, tag="dead_letter"):
     """A record a consumer could not use, with where it came from and why. Its payload is kept verbatim."""
 
@@ -508,5 +563,6 @@ EVENT_TYPES: Final[tuple[type[Event], ...]] = (
     TeacherScores,
     Sample,
     WeightsPublished,
+    EvalResult,
     DeadLetter,
 )

@@ -10,6 +10,7 @@ import msgspec
 
 from schemas.events import (
     DeadLetter,
+    EvalResult,
     Event,
     Judgment,
     PairedTurn,
@@ -104,6 +105,14 @@ SAMPLES: Final = TopicSpec(
 WEIGHTS: Final = TopicSpec(
     "weights", WeightsPublished, '"policy"', 1, -1, compacted=True, description="latest weight version wins"
 )
+EVALS: Final = TopicSpec(
+    "evals",
+    EvalResult,
+    "version",
+    1,
+    -1,
+    description="the held-out evaluation of each weight version; kept forever (the learning curve)",
+)
 DEADLETTER: Final = TopicSpec(
     "deadletter", DeadLetter, "source key", 3, 30 * DAY_MS, description="records a consumer could not use"
 )
@@ -116,6 +125,7 @@ ALL_TOPICS: Final[tuple[TopicSpec, ...]] = (
     TEACHER,
     SAMPLES,
     WEIGHTS,
+    EVALS,
     DEADLETTER,
 )
 BY_BASE: Final[dict[str, TopicSpec]] = {t.base: t for t in ALL_TOPICS}

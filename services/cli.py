@@ -130,6 +130,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _plan_parser(trainer.add_subparsers(dest="trainer_command"))
 
+    ev = sub.add_parser(
+        "eval", help="the held-out evaluation of each weight version the engine serves (-> evals)"
+    )
+    ev.add_argument("--engine-url", help="the policy engine (default: eval.engine_url, else engine.url)")
+
     cfg = sub.add_parser("config", help="print the resolved configuration as JSON")
     cfg.add_argument("action", choices=["show"])
 
@@ -311,8 +316,8 @@ def _simulate(config: Config, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from services.model_store import cache_dir
+    from services.personas import by_name
     from services.simulate.driver import run_simulate
-    from services.simulate.personas import by_name
 
     try:
         personas = by_name(args.personas)
@@ -358,6 +363,7 @@ _WORKERS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "teacher": ("services.teacher.worker", "run_teacher", "teacher", ("engine_url", "top_k")),
     "dispatcher": ("services.dispatcher.worker", "run_dispatcher", "dispatcher", ("mode", "judge_ids")),
     "trainer": ("services.trainer.worker", "run_trainer", "trainer", ("hf_checkpoint", "max_steps")),
+    "eval": ("services.eval.worker", "run_eval", "eval", ("engine_url",)),
 }
 
 

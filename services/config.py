@@ -315,6 +315,20 @@ class TrainerConfig(_Section):
     """Terms summed into the loss: built-in names or ``package.module:function`` (docs/extending.md)."""
 
 
+class EvalConfig(_Section):
+    """``turnstream eval``: the held-out evaluation of each weight version the policy engine serves."""
+
+    engine_url: str = ""
+    """The policy engine (default: ``engine.url``); asked directly, never through the proxy."""
+    personas: str = ""
+    """Comma-separated persona names whose checks score the answers (default: all)."""
+    max_tokens: PositiveInt = 64
+    """Per answer, as the simulated users ask (``turnstream simulate --max-tokens``)."""
+    concurrency: PositiveInt = 4
+    poll_s: PositiveFloat = 2.0
+    """How often the engine's served version is checked."""
+
+
 class RunConfig(_Section):
     """``turnstream run``: the whole pipeline on one machine."""
 
@@ -323,7 +337,8 @@ class RunConfig(_Section):
     engine_port: Port = 30000
     teacher_engine_port: Port = 30002
     metrics_port_base: Port = 9101
-    """pairer, judge, teacher, dispatcher and trainer expose /metrics on this port and the four after it."""
+    """pairer, judge, teacher, dispatcher, trainer, simulate and eval expose /metrics on this port and the six
+    after it."""
     judge_backend: str = "rules"
     """``rules`` on the CPU; ``engine`` judges with the teacher engine; or a plugin's ``package.module:Class``."""
     run_dir: str = ""
@@ -361,6 +376,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     teacher: TeacherConfig = msgspec.field(default_factory=TeacherConfig)
     dispatcher: DispatcherConfig = msgspec.field(default_factory=DispatcherConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 
@@ -171,3 +172,27 @@ def proxy_env(
         "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
         "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
     }
+
+
+@pytest.fixture(scope="module")
+def own_engine(
+    engine: EngineProcess, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcess]:
+    """An SGLang server whose weights these tests may change and which they restart: the session's shared one
+    when this session started it (an SGLang start costs 70-100 s of the two cores), given back afterwards as the
+    other tests expect it (the starting weights, version 0); else one of the module's own."""
+    if isinstance(engine, EngineProcess):
+        yield engine
+        back = httpx.post(
+            engine.url + "/update_weights_from_disk",
+            json={"model_path": str(smollm2_path), "weight_version": "0"},
+            timeout=600,
+        )
+        assert back.status_code == 200, back.text
+        assert httpx.get(engine.url + "/model_info", timeout=30).json()["weight_version"] == "0"
+        return
+    log = open(tmp_path_factory.mktemp("reload-engine") / "engine.log", "w")
+    proc = EngineProcess(smollm2_path, log=log)
+    yield proc
+    proc.stop()
+    log.close()

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from schemas import (
     DeadLetter,
+    EvalAnswer,
+    EvalResult,
     FunctionCall,
     Judgment,
     Message,
@@ -216,6 +218,40 @@ dead_letters = st.builds(
     source_timestamp_ms=st.none() | st.integers(0, 2**41),
 )
 
+persona_names = st.lists(
+    st.sampled_from(["plain-short", "sign-off", "other"]), min_size=1, max_size=3, unique=True
+)
+
+
+@st.composite
+def eval_results(draw: st.DrawFn) -> EvalResult:
+    names = draw(persona_names)
+    answers = draw(
+        st.lists(
+            st.builds(
+                EvalAnswer,
+                question=texts,
+                answer=texts,
+                satisfied=st.fixed_dictionaries({n: st.booleans() for n in names}),
+                completion_tokens=st.integers(0, 4096),
+            ),
+            min_size=1,
+            max_size=5,
+        )
+    )
+    scores = {n: sum(a.satisfied[n] for a in answers) / len(answers) for n in names}
+    return EvalResult(
+        version=draw(st.integers(0, 10**6)),
+        question_set=draw(ids),
+        answers=answers,
+        scores=scores,
+        model=draw(ids),
+        evaluated_at=draw(timestamps),
+        duration_s=draw(st.floats(0, 1e5)),
+        mean_words=draw(st.floats(0, 1e4)),
+    )
+
+
 sessions_ended = st.builds(
     SessionEnded,
     session_id=ids,
@@ -231,6 +267,7 @@ ALL_EVENTS = {
     TeacherScores: teacher_scores(),
     Sample: samples(),
     WeightsPublished: weights_published,
+    EvalResult: eval_results(),
     DeadLetter: dead_letters,
 }
 
@@ -304,6 +341,17 @@ def example_events(session_id: str = "s1") -> dict[type, object]:
         ),
         WeightsPublished: WeightsPublished(
             version=1, path="/ckpt/v1", base_model="smollm2", step=1, created_at=now
+        ),
+        EvalResult: EvalResult(
+            version=1,
+            question_set="heldout-0123abcd",
+            answers=[
+                EvalAnswer("Capital of Italy?", "Rome. Cheers!", {"plain-short": True, "sign-off": True}, 4),
+                EvalAnswer("Why do stars twinkle?", "**Air**", {"plain-short": False, "sign-off": False}, 3),
+            ],
+            scores={"plain-short": 0.5, "sign-off": 0.5},
+            model="smollm2",
+            evaluated_at=now,
         ),
         DeadLetter: DeadLetter(
             source_topic="turns",

@@ -19,7 +19,7 @@ from services.cli import _parser
 from services.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
-OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer")
+OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer", "eval")
 
 
 def resolve(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -145,6 +145,8 @@ def test_every_service_runs_a_real_command_with_a_valid_configuration(default: d
         config = load_config(env=env)  # raises on an unknown or invalid TURNSTREAM_* setting
         assert config.kafka.bootstrap == "kafka:9092" and config.redis.url == "redis://redis:6379/0"
     assert load_config(env=services["dispatcher"]["environment"]).dispatcher.mode == "combine"
+    # the held-out evaluation asks the policy server itself: through the proxy it would become training traffic
+    assert load_config(env=services["eval"]["environment"]).eval.engine_url == "http://sglang-policy:30000"
     for name in OURS:
         env = {k: v for k, v in services[name]["environment"].items() if v is not None}
         assert load_config(env=env).metrics.host == "0.0.0.0", f"{name}: a Prometheus elsewhere can scrape it"

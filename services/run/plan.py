@@ -22,7 +22,7 @@ def plan(
     teacher_url = f"http://127.0.0.1:{rc.teacher_engine_port}"
     metrics = {
         name: rc.metrics_port_base + i
-        for i, name in enumerate(("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate"))
+        for i, name in enumerate(("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate", "eval"))
     }
 
     def engine(name: str, port: int, served: str) -> Service:
@@ -61,9 +61,10 @@ def plan(
         worker("judge", judge_args),
         worker("dispatcher", ["dispatcher"]),
         worker("trainer", ["trainer", "--hf-checkpoint", model]),
+        worker("eval", ["eval", "--engine-url", engine_url]),  # the policy engine directly, never the proxy
     ]
     if mode_spec(config.dispatcher.mode).needs_hint:  # rl scores no hints: no teacher worker
-        services.insert(-2, worker("teacher", ["teacher", "--engine-url", teacher_url]))
+        services.insert(-3, worker("teacher", ["teacher", "--engine-url", teacher_url]))
     if rc.simulate:  # after everything else is up: users arrive once the pipeline can learn from them
         proxy_url = f"http://127.0.0.1:{config.proxy.port}/v1"
         out = str(Path(run_dir or ".") / "simulation")

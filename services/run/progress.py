@@ -37,6 +37,10 @@ class Progress(msgspec.Struct):
     """Share of those that met the user's preference (all versions)."""
     down: list[str] = msgspec.field(default_factory=list)
     """Services whose /metrics did not answer."""
+    heldout: dict[str, float] = msgspec.field(default_factory=dict)
+    """The held-out evaluation's share of answers meeting each persona's preference (``turnstream eval``)."""
+    heldout_version: int | None = None
+    """The weight version that evaluation is of (None: none evaluated yet)."""
 
     def line(self) -> str:
         samples = ", ".join(f"{k} {v}" for k, v in sorted(self.samples.items())) or "0"
@@ -48,6 +52,9 @@ class Progress(msgspec.Struct):
         )
         if self.simulated:
             text += f" | simulated {self.simulated}, preference met {100 * (self.preference_met or 0):.0f}%"
+        if self.heldout_version is not None:
+            scores = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(self.heldout.items()))
+            text += f" | held-out v{self.heldout_version}: {scores}"
         if self.spool_pending:
             text += f" | spooled {self.spool_pending}"
         if self.down:
@@ -97,4 +104,8 @@ async def scrape(http: httpx.AsyncClient, ports: dict[str, int], batch_size: int
         simulated=simulated,
         preference_met=met.get("true", 0.0) / simulated if simulated else None,
         down=down,
+        heldout=_by(metrics, "turnstream_eval_score", "persona"),
+        heldout_version=_total(metrics, "turnstream_eval_version")
+        if "turnstream_eval_score" in metrics
+        else None,
     )

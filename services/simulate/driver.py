@@ -24,7 +24,7 @@ import httpx
 import msgspec
 from prometheus_client import Counter
 
-from services.simulate.personas import Persona, questions
+from services.personas import Persona, questions
 
 log = logging.getLogger("turnstream.simulate")
 

@@ -15,6 +15,7 @@ from schemas import (
     ContractError,
     DeadLetter,
     DecodeError,
+    EvalResult,
     Judgment,
     PairedTurn,
     Sample,
@@ -95,6 +96,13 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (WeightsPublished, {"version": 0}, "version"),
     (WeightsPublished, {"path": ""}, "path"),
     (WeightsPublished, {"format": "pickle"}, "format"),
+    # EvalResult
+    (EvalResult, {"version": -1}, "version"),
+    (EvalResult, {"answers": []}, "answers"),
+    (EvalResult, {"scores": {}}, "scores"),
+    (EvalResult, {"scores": {"plain-short": 1.0, "sign-off": 0.5}}, "scores"),  # not what the answers say
+    (EvalResult, {"scores": {"plain-short": 0.5}}, "answers"),  # answers judged for a persona not scored
+    (EvalResult, {"question_set": ""}, "question_set"),
     # DeadLetter
     (DeadLetter, {"error_kind": "oops"}, "error_kind"),
     (DeadLetter, {"source_offset": -1}, "source_offset"),

@@ -19,13 +19,15 @@ def test_default_plan_starts_engines_then_proxy_then_workers_on_loopback() -> No
         "teacher",
         "dispatcher",
         "trainer",
+        "eval",
     ]
-    assert [s.stage for s in services] == [0, 0, 1, 2, 2, 2, 2, 2]
+    assert [s.stage for s in services] == [0, 0, 1, 2, 2, 2, 2, 2, 2]
     ports = [s.port for s in services]
     assert (
         len(set(ports)) == len(ports)
         and ports[:3] == [30000, 30002, 8000]
-        and ports[3:] == list(range(9101, 9106))
+        and ports[3:8] == list(range(9101, 9106))
+        and ports[8] == 9107  # after simulate's
     )
     by = {s.name: s for s in services}
     for s in services:
@@ -40,6 +42,7 @@ def test_default_plan_starts_engines_then_proxy_then_workers_on_loopback() -> No
     ]  # fixed weights, never reloaded
     assert by["judge"].args[-2:] == ["--backend", "rules"]
     assert by["trainer"].args[-2:] == ["--hf-checkpoint", "/models/smollm2"]
+    assert by["eval"].args[-2:] == ["--engine-url", "http://127.0.0.1:30000"]  # the engine, not the proxy
     assert by["dispatcher"].env == {"TURNSTREAM_METRICS_PORT": "9104"}
     assert by["engine"].ready_path == "/health" and by["proxy"].ready_path == "/healthz"
 

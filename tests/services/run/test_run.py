@@ -15,10 +15,11 @@ import openai
 import psutil
 import pytest
 
-from schemas.topics import DEADLETTER, SAMPLES, TURNS
+from schemas.topics import DEADLETTER, EVALS, SAMPLES, TURNS
 from services.bus import read_topic
 from services.config import KafkaConfig, RedisConfig, load_config
 from services.launch import free_port, free_port_block
+from services.personas import heldout_questions
 from services.run.plan import plan
 
 # Two SGLang servers start in each run: 2-3 minutes of the two cores before the first turn.
@@ -132,6 +133,7 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
         # has seen v2 (observations are rewritten every 30 s).
         observations = run_dir / "simulation" / "observations.jsonl"
         wait_status(run_dir, proc, lambda s: max(seen_versions(observations), default=0) >= 2, timeout=300)
+        wait_status(run_dir, proc, lambda s: s.get("heldout_version") is not None, timeout=300)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, "a clean stop"
         deadline = time.monotonic() + 60
@@ -164,3 +166,9 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     }
     distilled = [r.event async for r in read_topic(kafka, SAMPLES) if r.event.teacher_logprobs is not None]
     assert any(s.sample_id in listed and s.kind in ("opd+rl", "opd-only") for s in distilled), distilled
+    # The held-out evaluation ran on the versions the engine served, once each, and never became traffic.
+    evaluated = [r.event.version async for r in read_topic(kafka, EVALS)]
+    assert evaluated and evaluated[0] == 0 and len(set(evaluated)) == len(evaluated), evaluated
+    held = set(heldout_questions())
+    asked = {str(m.content) async for r in read_topic(kafka, TURNS) for m in r.event.messages}
+    assert not any(q in text for q in held for text in asked)

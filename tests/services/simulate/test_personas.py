@@ -9,8 +9,8 @@ import pytest
 
 from schemas import Message, PairedTurn
 from services.judge import rules
+from services.personas import PERSONAS, SIGN_OFF, by_name, questions
 from services.simulate.driver import Observation, plot, summarize
-from services.simulate.personas import PERSONAS, SIGN_OFF, by_name, questions
 from tests.strategies import example_turn
 
 

@@ -1,6 +1,8 @@
 """Simulated users with a stated preference that a small model can learn, and the way they react: a correction
 (which the judges read as a failed turn with a hindsight hint) when the preference is violated, thanks when it is
-met. The texts are written so that the deterministic rules judge classifies them the way an LLM judge would."""
+met. The texts are written so that the deterministic rules judge classifies them the way an LLM judge would.
+Shared runtime: the simulated users (``services/simulate``) ask the training questions, the held-out evaluation
+asks the held-out ones and scores answers with the same preference checks."""
 
 from __future__ import annotations
 
@@ -61,6 +63,15 @@ def by_name(names: str | None) -> tuple[Persona, ...]:
 
 
 def questions() -> list[str]:
-    """The bundled question set (one per line)."""
-    text = resources.files("services.simulate").joinpath("questions.txt").read_text()
+    """The training traffic's question set (one per line): what the simulated users ask."""
+    return _lines("questions.txt")
+
+
+def heldout_questions() -> list[str]:
+    """The held-out set: questions training traffic never asks, for the evaluation of each weight version."""
+    return _lines("heldout_questions.txt")
+
+
+def _lines(name: str) -> list[str]:
+    text = resources.files("services").joinpath(name).read_text()
     return [line.strip() for line in text.splitlines() if line.strip()]
