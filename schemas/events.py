@@ -460,6 +460,10 @@ class WeightsPublished(Event, frozen=True, tag="weights_published"):
     format: str = "hf-safetensors"
     sha256: str | None = None
     """Digest of the weights file(s), so a loader can verify what it read."""
+    sample_ids: list[str] = msgspec.field(default_factory=list)
+    """The samples the step behind this version trained on (empty from producers that predate the field)."""
+    figures: dict[str, float] = msgspec.field(default_factory=dict)
+    """The step's figures (loss, clip_fraction, kl_rollout, grad_norm, entropy, ...), for dashboards."""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)

@@ -135,6 +135,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--engine-url", help="the policy engine (default: eval.engine_url, else engine.url)")
 
+    con = sub.add_parser("console", help="the web console: pipeline, sessions, turn inspector, versions")
+    con.add_argument("--host", help="default: console.host (127.0.0.1)")
+    con.add_argument("--port", type=int, help="default: console.port (8080)")
+
     cfg = sub.add_parser("config", help="print the resolved configuration as JSON")
     cfg.add_argument("action", choices=["show"])
 
@@ -433,6 +437,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(run_pipeline(config, args.config))
     if args.command in _WORKERS:
         return _worker(config, args)
+    if args.command == "console":
+        from services.console.worker import run_console
+
+        try:
+            config = _override(config, "console", {"host": args.host, "port": args.port})
+        except ConfigError as exc:
+            print(f"turnstream console: {exc}", file=sys.stderr)
+            return 2
+        return run_console(config)
     if args.command == "config":
         from services.config import redacted
 

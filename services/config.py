@@ -329,6 +329,17 @@ class EvalConfig(_Section):
     """How often the engine's served version is checked."""
 
 
+class ConsoleConfig(_Section):
+    """``turnstream console``: the web pages over a projection of the topics."""
+
+    host: str = "127.0.0.1"
+    port: Port = 8080
+    db_path: str = ""
+    """The projection (SQLite); default: ``<cache>/console/<namespace or live>.sqlite3``. Delete it to rebuild."""
+    tokenizer: str = ""
+    """Folder of the policy's tokenizer, for the heat map's token texts (default: ``trainer.hf_checkpoint``)."""
+
+
 class RunConfig(_Section):
     """``turnstream run``: the whole pipeline on one machine."""
 
@@ -377,6 +388,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dispatcher: DispatcherConfig = msgspec.field(default_factory=DispatcherConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)

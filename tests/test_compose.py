@@ -19,7 +19,7 @@ from services.cli import _parser
 from services.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
-OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer", "eval")
+OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer", "eval", "console")
 
 
 def resolve(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -230,6 +230,9 @@ def _metrics_port(name: str, service: dict[str, Any]) -> int:
     assert config.metrics.host == "0.0.0.0", name
     if name == "proxy":
         return config.proxy.port
+    if name == "console":  # its own HTTP server, /metrics beside the pages
+        assert config.console.host == "0.0.0.0"
+        return config.console.port
     assert config.metrics.port is not None, name
     return config.metrics.port
 

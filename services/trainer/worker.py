@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -455,6 +456,9 @@ async def run_trainer(
                 checkpoint = trainer.checkpoint_due()
                 stats = await asyncio.to_thread(trainer.train, samples, checkpoint)
                 announcement = await asyncio.to_thread(trainer.persist, samples, offsets, checkpoint)
+                announcement = msgspec.structs.replace(
+                    announcement, sample_ids=[s.sample_id for s in samples], figures=_figures(stats)
+                )
                 await producer.send(WEIGHTS, announcement, "policy")
                 await consumer.commit({TopicPartition(topic, p): o for p, o in offsets.items()})
                 PENDING.set(len(pending.samples))
@@ -489,28 +493,37 @@ async def _announced_version(kafka: KafkaConfig) -> int:
     return max([rec.event.version async for rec in read_topic(kafka, WEIGHTS)], default=0)
 
 
+_FIGURES = (
+    "loss",
+    "pg_loss",
+    "clip_fraction",
+    "entropy",
+    "grad_norm",
+    "kl_rollout",
+    "kl",
+    "topk_loss",
+    "opd_gap",
+    "is_weight_mean",
+    "is_weight_max",
+    "is_truncated",
+    "gpu_peak_gib",
+)
+
+
+def _figures(stats: StepStats) -> dict[str, float]:
+    """The step's figures that have a value (for ``WeightsPublished.figures`` and the metrics)."""
+    out = {name: float(v) for name in _FIGURES if (v := getattr(stats, name)) is not None}
+    out["tokens"] = float(stats.tokens)
+    return out
+
+
 def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> None:
     STEPS.inc()
     VERSION.set(trainer.version)
     for s in samples:
         SAMPLES_IN.labels(s.kind).inc()
-    for name in (
-        "loss",
-        "pg_loss",
-        "clip_fraction",
-        "entropy",
-        "grad_norm",
-        "kl_rollout",
-        "kl",
-        "topk_loss",
-        "opd_gap",
-        "is_weight_mean",
-        "is_weight_max",
-        "is_truncated",
-        "gpu_peak_gib",
-    ):
-        value = getattr(stats, name)
-        if value is not None:
+    for name, value in _figures(stats).items():
+        if name != "tokens":
             LAST.labels(name).set(value)
     for kind, mean in stats.reward_mean_by_kind.items():
         REWARD.labels(kind).set(mean)

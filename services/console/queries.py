@@ -1,0 +1,157 @@
+"""What each console page shows, read from the projection (``projection.py``). Plain data: ``pages.py`` renders
+it, and the JSON API returns it as is. A query for an id the projection does not hold returns None (a 404)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any
+
+from services.console.projection import loads
+
+RECENT_S = 300.0
+"""The window of the overview's rates."""
+
+
+def overview(db: sqlite3.Connection) -> dict[str, Any]:
+    now = time.time()
+    since = now - RECENT_S
+
+    def count(sql: str, *args: Any) -> int:
+        return int(db.execute(sql, args).fetchone()[0])
+
+    stages = [
+        ("turns", "turns", "created_at"),
+        ("paired", "pairs", "paired_at"),
+        ("judged", "judgments", "created_at"),
+        ("teacher", "teacher", "created_at"),
+        ("samples", "samples", "created_at"),
+        ("versions", "versions", "created_at"),
+    ]
+    flow = [
+        {
+            "stage": name,
+            "total": count(f"SELECT COUNT(*) FROM {table}"),
+            "per_min": count(f"SELECT COUNT(*) FROM {table} WHERE {column} >= ?", since) * 60.0 / RECENT_S,
+        }
+        for name, table, column in stages
+    ]
+    kinds = {r["kind"]: r["n"] for r in db.execute("SELECT kind, COUNT(*) AS n FROM samples GROUP BY kind")}
+    dead = [dict(r) for r in db.execute(
+        "SELECT consumer_group, error_kind, COUNT(*) AS n FROM dead_letters GROUP BY consumer_group, error_kind"
+    )]  # fmt: skip
+    return {"flow": flow, "samples_by_kind": kinds, "dead_letters": dead, "versions": versions(db)[-10:]}
+
+
+def versions(db: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Per weight version, oldest first: the step that made it, the training traffic it answered (reward mean by
+    kind and mean response length of samples it produced) and its held-out evaluation."""
+    out: dict[int, dict[str, Any]] = {}
+    for r in db.execute("SELECT * FROM versions ORDER BY version"):
+        out[r["version"]] = {
+            "version": r["version"],
+            "created_at": r["created_at"],
+            "samples_trained": r["samples_trained"],
+            "figures": {},
+        }
+    for r in db.execute(
+        "SELECT weight_version, kind, AVG(reward) AS reward, AVG(response_length) AS length, COUNT(*) AS n "
+        "FROM samples GROUP BY weight_version, kind"
+    ):
+        row = out.setdefault(r["weight_version"], {"version": r["weight_version"], "figures": {}})
+        row.setdefault("reward_by_kind", {})[r["kind"]] = r["reward"]
+        row.setdefault("samples", 0)
+        row["samples"] += r["n"]
+        row.setdefault("_length", []).append((r["length"], r["n"]))
+    for r in db.execute("SELECT version, scores, mean_words FROM evals ORDER BY evaluated_at"):
+        row = out.setdefault(r["version"], {"version": r["version"], "figures": {}})
+        row["heldout"] = loads(r["scores"])
+        row["heldout_words"] = r["mean_words"]
+    for row in out.values():
+        lengths = row.pop("_length", [])
+        if lengths:
+            row["mean_response_tokens"] = sum(length * n for length, n in lengths) / sum(
+                n for _, n in lengths
+            )
+    return [out[v] for v in sorted(out)]
+
+
+def sessions(
+    db: sqlite3.Connection, query: str = "", outcome: str = "", limit: int = 50
+) -> list[dict[str, Any]]:
+    """Recent sessions, newest first; ``query`` filters by id substring; ``outcome`` by the last judged turn's
+    score (``good`` +1, ``bad`` -1, ``neutral`` 0)."""
+    rows = db.execute(
+        "SELECT session_id, COUNT(*) AS turns, MIN(created_at) AS first_at, MAX(created_at) AS last_at, "
+        "MAX(weight_version) AS version FROM turns WHERE session_id LIKE ? GROUP BY session_id "
+        "ORDER BY last_at DESC LIMIT ?",
+        (f"%{query}%", limit * (4 if outcome else 1)),
+    ).fetchall()
+    out = []
+    for r in rows:
+        score = db.execute(
+            "SELECT j.eval_score FROM judgments j JOIN turns t ON t.turn_id = j.turn_id "
+            "WHERE t.session_id = ? AND j.kind = 'eval' AND j.eval_score IS NOT NULL "
+            "ORDER BY t.turn_index DESC LIMIT 1",
+            (r["session_id"],),
+        ).fetchone()
+        last = None if score is None else int(score[0])
+        label = {1: "good", -1: "bad", 0: "neutral"}.get(last, "unjudged") if last is not None else "unjudged"
+        if outcome and label != outcome:
+            continue
+        out.append({**dict(r), "outcome": label})
+        if len(out) == limit:
+            break
+    return out
+
+
+def session(db: sqlite3.Connection, session_id: str) -> list[dict[str, Any]] | None:
+    rows = db.execute(
+        "SELECT turn_id, turn_index, created_at, weight_version, response FROM turns WHERE session_id = ? "
+        "ORDER BY turn_index",
+        (session_id,),
+    ).fetchall()
+    if not rows:
+        return None
+    return [{**dict(r), "response": loads(r["response"])} for r in rows]
+
+
+def turn(db: sqlite3.Connection, turn_id: str) -> dict[str, Any] | None:
+    """Everything about one turn: request, response, next state, each judge's votes, the hint the teacher
+    scored and the per-token teacher - rollout gap, the sample, and the version that trained on it."""
+    t = db.execute("SELECT * FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
+    if t is None:
+        return None
+    pair = db.execute("SELECT * FROM pairs WHERE turn_id = ?", (turn_id,)).fetchone()
+    judgments = [
+        {**dict(j), "votes": loads(j["votes"]), "accepted": bool(j["accepted"])}
+        for j in db.execute("SELECT * FROM judgments WHERE turn_id = ? ORDER BY judge_id, kind", (turn_id,))
+    ]
+    rollout = loads(t["response_logprobs"])
+    teacher = [
+        {
+            "judge_id": r["judge_id"],
+            "hint": r["hint"],
+            "gap": [a - b for a, b in zip(loads(r["teacher_logprobs"]), rollout, strict=True)],
+        }
+        for r in db.execute("SELECT * FROM teacher WHERE turn_id = ? ORDER BY judge_id", (turn_id,))
+    ]
+    sample = db.execute("SELECT * FROM samples WHERE sample_id = ?", (turn_id,)).fetchone()
+    trained = db.execute("SELECT version FROM trained WHERE sample_id = ?", (turn_id,)).fetchone()
+    return {
+        "turn_id": t["turn_id"],
+        "session_id": t["session_id"],
+        "turn_index": t["turn_index"],
+        "created_at": t["created_at"],
+        "weight_version": t["weight_version"],
+        "messages": loads(t["messages"]),
+        "response": loads(t["response"]),
+        "response_token_ids": loads(t["response_token_ids"]),
+        "response_logprobs": rollout,
+        "next_state": None if pair is None else loads(pair["next_state"]),
+        "terminal_reason": None if pair is None else pair["terminal_reason"],
+        "judgments": judgments,
+        "teacher": teacher,
+        "sample": None if sample is None else dict(sample),
+        "trained_into": None if trained is None else int(trained[0]),
+    }

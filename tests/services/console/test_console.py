@@ -1,0 +1,156 @@
+"""The console: its projection of the topics (idempotent, and rebuilt from a replay it equals the live one, on the
+real broker), and its pages over it (every page answers, unknown ids are 404 pages, the turn inspector shows the
+votes, the hint and a heat map with one cell per response token in the colour of its teacher - rollout gap)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from schemas import Judgment, Turn, Vote, WeightsPublished
+from schemas.topics import spec_for
+from services.bus import EventProducer
+from services.config import KafkaConfig
+from services.console.app import create_app
+from services.console.feed import SHOWN, follow
+from services.console.pages import gap_colour
+from services.console.projection import apply, connect, dump
+from tests.strategies import example_events, example_turn
+
+
+def events(session_id: str = "s1") -> list[Any]:
+    """One of every event about one turn, plus a hint judgment and a version that trained on the turn."""
+    found = example_events(session_id)
+    turn: Turn = found[Turn]  # type: ignore[assignment]
+    hint = Judgment(
+        turn_id=turn.turn_id,
+        session_id=session_id,
+        judge_id="j1",
+        kind="hint",
+        votes=[Vote(raw="Say it plainly. [HINT_START]Say the answer plainly.[HINT_END]", score=1, hint="x")],
+        paired=found[Judgment].paired,  # type: ignore[attr-defined]
+        judge_model="rules",
+        created_at=time.time(),
+        accepted=True,
+        hint="Say the answer plainly.",
+    )
+    trained = msgspec.structs.replace(found[WeightsPublished], sample_ids=[turn.turn_id])  # type: ignore[type-var]
+    return [*(e for t, e in found.items() if t is not WeightsPublished), hint, trained]
+
+
+def client(db: Path) -> httpx.AsyncClient:
+    app = create_app(db, lambda ids: [f"<t{i}>" for i in ids])
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://console")
+
+
+async def test_pages_show_the_pipeline_and_unknown_ids_are_404_pages(tmp_path: Path) -> None:
+    db_path = tmp_path / "console.sqlite3"
+    db = connect(db_path)
+    apply(db, events())
+    async with client(db_path) as http:
+        overview = await http.get("/")
+        assert overview.status_code == 200
+        for stage in ("turns", "paired", "judged", "teacher", "samples", "versions"):
+            assert f'data-stage="{stage}"' in overview.text
+        assert "opd+rl" in overview.text and "bad bytes" not in overview.text and "decode" in overview.text
+
+        sessions = await http.get("/sessions", params={"q": "s1"})
+        assert sessions.status_code == 200 and 'href="/sessions/s1"' in sessions.text
+        assert "s1" not in (await http.get("/sessions", params={"q": "nobody"})).text.split("<table>")[1]
+        good = await http.get("/sessions", params={"outcome": "good"})
+        assert 'href="/sessions/s1"' in good.text  # the turn's eval judgment is +1
+        assert 'href="/sessions/s1"' not in (await http.get("/sessions", params={"outcome": "bad"})).text
+        session = await http.get("/sessions/s1")
+        assert session.status_code == 200 and 'href="/turns/s1%3A1"' in session.text
+
+        page = await http.get("/turns/s1:1")
+        assert page.status_code == 200
+        text = page.text
+        assert "What is 2+2?" in text and "thanks!" in text  # request and next state
+        assert "\\boxed{1}" in text and "[HINT_START]" in text  # the judges' raw votes
+        assert "Chosen hint (j1): <b>Say the answer plainly.</b>" in text
+        assert "trained into" in text and "v1" in text
+        # One cell per response token (ids 4, 5), coloured by teacher - rollout: -0.05 - -0.1 and -0.3 - -0.2.
+        cells = re.findall(
+            r'<span class="tok" style="background: ([^"]+)" title="[^"]+" data-gap="([^"]+)">', text
+        )
+        assert [float(g) for _, g in cells] == pytest.approx([0.05, -0.1])
+        assert [c for c, _ in cells] == [gap_colour(0.05), gap_colour(-0.1)]
+        assert "&lt;t4&gt;" in text  # token texts are escaped
+
+        versions = await http.get("/versions")
+        assert versions.status_code == 200 and "<polyline" in versions.text and "plain-short" in versions.text
+
+        for missing in ("/turns/nope:1", "/sessions/nobody", "/no/such/page"):
+            gone = await http.get(missing)
+            assert gone.status_code == 404 and "Not found" in gone.text, missing
+        api = await http.get("/api/turns/nope:1")
+        assert api.status_code == 404 and api.json()["error"]["type"] == "not_found"
+        assert (await http.get("/api/turns/s1:1")).json()["trained_into"] == 1
+        metrics = await http.get("/metrics")
+        assert metrics.status_code == 200 and "turnstream_console_records_total" in metrics.text
+
+
+def test_heat_map_colours() -> None:
+    assert gap_colour(1.0) == "rgba(0, 160, 0, 0.50)"
+    assert gap_colour(-5.0) == "rgba(200, 0, 0, 1.00)"
+    assert gap_colour(0.0) == "rgba(0, 160, 0, 0.00)"
+
+
+def test_applying_a_record_twice_changes_nothing(tmp_path: Path) -> None:
+    db = connect(tmp_path / "a.sqlite3")
+    batch = events()
+    apply(db, batch)
+    once = dump(db)
+    apply(db, batch[::-1])
+    assert dump(db) == once and all(once[t] for t in ("turns", "judgments", "teacher", "samples", "evals"))
+
+
+async def _publish(kafka: KafkaConfig, batch: list[Any]) -> None:
+    by_type = {spec.event_type: spec for spec in SHOWN}
+    async with EventProducer(kafka) as producer:
+        for event in batch:
+            spec = by_type.get(type(event))
+            if spec is not None:
+                await producer.send(spec, event, getattr(event, "session_id", "k"))
+
+
+async def _project(
+    kafka: KafkaConfig, path: Path, until: asyncio.Event | None = None
+) -> tuple[Any, asyncio.Task[None], asyncio.Event]:
+    db = connect(path)
+    stop, caught_up = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(follow(kafka, db, stop, caught_up=caught_up))
+    await asyncio.wait_for(caught_up.wait(), 60)
+    return db, task, stop
+
+
+@pytest.mark.integration
+async def test_a_projection_rebuilt_from_a_replay_equals_the_live_one(
+    kafka: KafkaConfig, tmp_path: Path
+) -> None:
+    await _publish(kafka, [*events("s1"), *events("s2")])
+    live, task, stop = await _project(kafka, tmp_path / "live.sqlite3")
+    await _publish(kafka, [*events("s3"), example_turn("s3", 2)])  # arriving while the console runs
+    deadline = time.monotonic() + 60
+    while len(dump(live)["turns"]) < 4 and time.monotonic() < deadline:  # noqa: ASYNC110 (polling a file)
+        await asyncio.sleep(0.2)
+    stop.set()
+    await task
+    rebuilt, task, stop = await _project(kafka, tmp_path / "rebuilt.sqlite3")
+    stop.set()
+    await task
+    assert dump(rebuilt) == dump(live) and len(dump(live)["turns"]) == 4
+    # a restart resumes from its stored offsets: nothing applied twice, nothing missed
+    again, task, stop = await _project(kafka, tmp_path / "live.sqlite3")
+    stop.set()
+    await task
+    assert dump(again) == dump(rebuilt)
+    assert spec_for("evals").event_type.__name__ == "EvalResult"
