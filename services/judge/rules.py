@@ -4,7 +4,8 @@ the same text format an LLM judge uses, so that parsing and voting are exercised
 - eval: a tool result that looks like an error, or a user message asking for a redo, correcting the assistant or
   asking it to change what it did (a change request is negative feedback, never a neutral new instruction), is
   -1; thanks or a successful tool result is +1; anything else 0.
-- hint: a user correction is +1 with the correction itself as the hint; anything else -1.
+- hint: a user correction is +1 with a hint made of what the correction asks for (its requests, without the
+  complaint around them, as the hint prompt asks an LLM judge for "a concrete, actionable hint"); anything else -1.
 """
 
 from __future__ import annotations
@@ -59,10 +60,29 @@ def eval_score(paired: PairedTurn) -> int:
     return 0
 
 
+_SENTENCES = re.compile(r"(?<=[.!?])\s+")
+_COMPLAINT_LEAD = re.compile(r"^(no|nope|wrong|incorrect)\b[,.!:;]?\s*", re.I)
+_ASKS = re.compile(
+    r"\b(please|should|must|always|never|use|make|keep|write|answer|end|start|add|remove|avoid|try|give)\b",
+    re.I,
+)
+
+
+def actionable(text: str) -> str:
+    """The sentences of a correction that ask for something, without the complaint ("No, that is too long."):
+    verbatim, a complaint in the teacher's context teaches it to apologise rather than to do what was asked."""
+    asks = []
+    for sentence in _SENTENCES.split(" ".join(text.split())):
+        rest = _COMPLAINT_LEAD.sub("", sentence).strip()
+        if rest and _ASKS.search(rest):
+            asks.append(rest[0].upper() + rest[1:])
+    return " ".join(asks) if asks else " ".join(text.split())
+
+
 def hint(paired: PairedTurn) -> str | None:
     user = _user_text(paired.next_state or [])
     if user and (_CORRECTION.search(user) or _REDO.search(user)):
-        return " ".join(user.split())
+        return actionable(user)
     return None
 
 

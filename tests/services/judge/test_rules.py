@@ -52,8 +52,28 @@ def test_eval_verdicts(state: list[Message], score: int) -> None:
 def test_correction_becomes_the_hint() -> None:
     p = paired(user("No,   use   Celsius\nnot Fahrenheit."))
     score, hint = parse_hint_vote(rules.answer("hint", p))
-    assert score == 1 and hint == "No, use Celsius not Fahrenheit."
+    assert score == 1 and hint == "Use Celsius not Fahrenheit."
     assert select_hint([(score, hint)]) == hint
+
+
+@pytest.mark.parametrize(
+    ("correction", "hint"),
+    [
+        (
+            "No, you forgot the sign-off. Please end every answer with the word Cheers!",
+            "Please end every answer with the word Cheers!",
+        ),
+        (
+            "No, that is too long. Please answer in one or two short sentences of plain text, no markdown.",
+            "Please answer in one or two short sentences of plain text, no markdown.",
+        ),
+        ("That's not right, try again.", "That's not right, try again."),
+        ("Wrong!", "Wrong!"),  # nothing asked: the correction as it is
+    ],
+)
+def test_the_hint_is_what_the_correction_asks_for(correction: str, hint: str) -> None:
+    score, got = parse_hint_vote(rules.answer("hint", paired(user(correction))))
+    assert score == 1 and got == hint
 
 
 @pytest.mark.parametrize("state", [[user("thanks!")], [tool("error: boom")], [user("And Paris?")]])
