@@ -6,6 +6,7 @@ setup:            ## venvs (cached by lock hash: the services', SGLang's), Kafka
 	bash scripts/setup-sglang.sh
 	bash scripts/kafka.sh install
 	bash scripts/redis.sh install
+	bash scripts/chromium.sh install
 
 run:              ## set up and run the main job on the embedded defaults
 	bash scripts/run.sh

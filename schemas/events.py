@@ -205,6 +205,8 @@ class Turn(Event, frozen=True, tag="turn"):
     chat_template_kwargs: dict[str, Any] | None = None
     """What the request passed to the chat template (e.g. ``{"enable_thinking": false}``): with ``tools`` and
     ``messages``, what rendered ``prompt_token_ids``."""
+    user: str = ""
+    """The request's OpenAI ``user`` field (an end-user id; the simulated users send their persona's name)."""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)

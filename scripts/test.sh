@@ -10,6 +10,7 @@ bash scripts/setup-venv.sh
 bash scripts/setup-sglang.sh
 bash scripts/kafka.sh install
 bash scripts/redis.sh install
+bash scripts/chromium.sh install
 
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 

@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--simulate", type=int, metavar="N", help="also drive N simulated users (default: run.simulate, 0)"
     )
+    run.add_argument(
+        "--until-version",
+        type=int,
+        metavar="N",
+        help="stop once version N's held-out evaluation is published (default: run.until_version, 0: Ctrl-C)",
+    )
 
     sim = sub.add_parser("simulate", help="simulated users with learnable preferences, through the proxy")
     sim.add_argument("--proxy-url", help="default: http://127.0.0.1:<proxy.port>/v1")
@@ -429,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "local_infra": args.local_infra,
                     "judge_backend": args.judge_backend,
                     "simulate": args.simulate,
+                    "until_version": args.until_version,
                 },
             )
         except ConfigError as exc:

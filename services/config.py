@@ -96,6 +96,11 @@ class RedisConfig(_Section):
         every session has ended."""
         return f"{self.key_prefix}pairer:idle"
 
+    def eval_hold_key(self, version: int) -> str:
+        """Set, with an expiry, by ``turnstream eval`` while it evaluates ``version``: the proxy's reloader leaves an
+        engine serving that version alone until the key is deleted or expires."""
+        return f"{self.key_prefix}eval:hold:{version}"
+
 
 class EngineConfig(_Section):
     """The policy engine the proxy serves from: SGLang 0.5.23's HTTP API (``turnstream engine`` starts one)."""
@@ -327,6 +332,11 @@ class EvalConfig(_Section):
     concurrency: PositiveInt = 4
     poll_s: PositiveFloat = 2.0
     """How often the engine's served version is checked."""
+    hold_reload_s: NonNegFloat = 300.0
+    """While a version is evaluated, the proxy's reloader waits (at most this long) before loading a newer one, so
+    every version the engine serves is evaluated even when versions come faster than an evaluation takes (CPU
+    runs): training traffic is served by the older version meanwhile (an evaluation takes seconds on a GPU,
+    ~20 s on this CPU). 0: never wait; versions served too briefly are then skipped and counted."""
 
 
 class ConsoleConfig(_Section):
@@ -357,6 +367,11 @@ class RunConfig(_Section):
     startup_timeout_s: PositiveFloat = 600.0
     simulate: NonNegInt = 0
     """Simulated users to drive through the proxy (``turnstream simulate``); 0: none."""
+    until_version: NonNegInt = 0
+    """Stop cleanly once the held-out evaluation of this weight version (or a later one) is published (a learning
+    run of a fixed length); 0: until Ctrl-C."""
+    console: bool = True
+    """Start ``turnstream console`` (on ``console.port``, loopback; its URL is in the banner)."""
 
 
 class PluginsConfig(_Section):

@@ -11,8 +11,10 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from schemas import ALL_TOPICS, TopicSpec
+from schemas.modes import mode_spec
+from schemas.topics import JUDGMENTS, SESSIONS_ENDED, TEACHER, TURNS, TURNS_PAIRED
 from services.bus import _security
-from services.config import KafkaConfig
+from services.config import Config, KafkaConfig
 
 _TOPIC_ALREADY_EXISTS = 36
 
@@ -129,6 +131,19 @@ async def _describe_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dic
             name, entries = resource[3], resource[4]
             out[name] = {e[0]: e[1] for e in entries if e[0] in wanted}
     return out
+
+
+def pipeline_groups(config: Config) -> dict[str, tuple[TopicSpec, ...]]:
+    """The consumer groups that carry a turn from ``turns`` to ``samples``, and the topics each reads (the
+    trainer's offsets live in its checkpoints, so it is not among them)."""
+    groups = {
+        config.pairer.group_id: (TURNS, SESSIONS_ENDED),
+        config.judge.group_id: (TURNS_PAIRED,),
+        config.dispatcher.group_id: (JUDGMENTS, TEACHER),
+    }
+    if mode_spec(config.dispatcher.mode).needs_hint:  # the teacher scores accepted hints
+        groups[config.teacher.group_id] = (JUDGMENTS,)
+    return groups
 
 
 async def group_lag(kafka: KafkaConfig, groups: dict[str, tuple[TopicSpec, ...]]) -> dict[str, int]:

@@ -41,9 +41,17 @@ def token_texts(tokenizer_path: str | None) -> TokenText:
     return decode
 
 
-def create_app(db_path: str | Path, token_text: TokenText | None = None) -> FastAPI:
+def create_app(
+    db_path: str | Path, token_text: TokenText | None = None, live: dict[str, Any] | None = None
+) -> FastAPI:
+    """``live``: figures that are not in the topics' records (consumer lag per group), kept current by the
+    caller (``worker.py``) and shown on the overview as they are."""
     app = FastAPI(title="turnstream console", docs_url=None, redoc_url=None)
     texts = token_text or token_texts(None)
+    now = live if live is not None else {}
+
+    async def overview_data() -> dict[str, Any]:
+        return {**await read(queries.overview), "lag": now.get("lag")}
 
     @contextmanager
     def reading() -> Iterator[sqlite3.Connection]:
@@ -75,11 +83,12 @@ def create_app(db_path: str | Path, token_text: TokenText | None = None) -> Fast
 
     @app.get("/", response_class=HTMLResponse)
     async def overview() -> HTMLResponse:
-        return html(pages.overview(await read(queries.overview)))
+        return html(pages.overview(await overview_data()))
 
     @app.get("/sessions", response_class=HTMLResponse)
-    async def sessions(q: str = "", outcome: str = "") -> HTMLResponse:
-        return html(pages.sessions(await read(queries.sessions, q, outcome), q, outcome))
+    async def sessions(q: str = "", outcome: str = "", user: str = "") -> HTMLResponse:
+        rows = await read(queries.sessions, q, outcome, user)
+        return html(pages.sessions(rows, await read(queries.users), q, outcome, user))
 
     @app.get("/sessions/{session_id}", response_class=HTMLResponse)
     async def session(session_id: str) -> HTMLResponse:
@@ -97,15 +106,16 @@ def create_app(db_path: str | Path, token_text: TokenText | None = None) -> Fast
 
     @app.get("/versions", response_class=HTMLResponse)
     async def versions() -> HTMLResponse:
-        return html(pages.versions(await read(queries.versions)))
+        rows = await read(queries.versions, pages.VERSIONS_SHOWN)
+        return html(pages.versions(rows, await read(queries.heldout_curve)))
 
     @app.get("/api/overview")
     async def api_overview() -> Any:
-        return await read(queries.overview)
+        return await overview_data()
 
     @app.get("/api/sessions")
-    async def api_sessions(q: str = "", outcome: str = "") -> Any:
-        return await read(queries.sessions, q, outcome)
+    async def api_sessions(q: str = "", outcome: str = "", user: str = "") -> Any:
+        return await read(queries.sessions, q, outcome, user)
 
     @app.get("/api/turns/{turn_id}")
     async def api_turn(turn_id: str) -> Any:
@@ -115,8 +125,8 @@ def create_app(db_path: str | Path, token_text: TokenText | None = None) -> Fast
         return data
 
     @app.get("/api/versions")
-    async def api_versions() -> Any:
-        return await read(queries.versions)
+    async def api_versions(last: int | None = None) -> Any:
+        return await read(queries.versions, last)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -39,7 +39,8 @@ def page(title: str, body: str, *, refresh_s: int | None = None) -> str:
     nav = "".join(f'<a href="{href}">{name}</a>' for href, name in NAV)
     meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8">{meta}<title>{esc(title)} · turnstream</title>'
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">{meta}'
+        f'<link rel="icon" href="data:,"><title>{esc(title)} · turnstream</title>'
         f"<style>{CSS}</style></head><body><header><b>turnstream</b>{nav}</header>"
         f"<main><h1>{esc(title)}</h1>{body}</main></body></html>"
     )
@@ -75,6 +76,15 @@ def overview(data: dict[str, Any]) -> str:
     kinds = table(
         ["sample kind", "samples"], [[esc(k), str(n)] for k, n in sorted(data["samples_by_kind"].items())]
     )
+    lag = data.get("lag")
+    lags = (
+        table(
+            ["consumer group", "records behind"],
+            [[esc(g), f'<span class="num">{n}</span>'] for g, n in lag.items()],
+        )
+        if lag is not None
+        else '<p class="muted">not measured yet</p>'
+    )
     dead = table(
         ["consumer group", "error", "records"],
         [[esc(d["consumer_group"]), esc(d["error_kind"]), str(d["n"])] for d in data["dead_letters"]],
@@ -82,9 +92,18 @@ def overview(data: dict[str, Any]) -> str:
     return page(
         "Overview",
         f'<div class="flow">{"".join(stages)}</div><h2>Samples by kind</h2>{kinds}'
-        f"<h2>Dead letters</h2>{dead}<h2>Recent versions</h2>{_versions_table(data['versions'])}",
+        f"<h2>Consumer lag</h2>{lags}<h2>Dead letters</h2>{dead}"
+        f"<h2>Recent versions</h2>{_versions_table(data['versions'])}",
         refresh_s=10,
     )
+
+
+STEP_FIGURES = [
+    ("clip_fraction", "clip fraction"),
+    ("kl_rollout", "KL to rollout"),
+    ("grad_norm", "grad norm"),
+]
+"""The training step's figures shown per version (``WeightsPublished.figures``)."""
 
 
 def _versions_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -101,6 +120,10 @@ def _versions_table(rows: Sequence[dict[str, Any]]) -> str:
                 *(f'<span class="num">{_fmt(rewards.get(k), 2)}</span>' for k in kinds),
                 f'<span class="num">{_fmt(r.get("mean_response_tokens"), 1)}</span>',
                 *(
+                    f'<span class="num">{_fmt((r.get("figures") or {}).get(f), 4)}</span>'
+                    for f, _ in STEP_FIGURES
+                ),
+                *(
                     f'<span class="num">{_fmt(100 * held[p], 0) if p in held else ""}</span>'
                     for p in personas
                 ),
@@ -111,13 +134,23 @@ def _versions_table(rows: Sequence[dict[str, Any]]) -> str:
         "published",
         *(f"reward {k}" for k in kinds),
         "response tokens",
+        *(name for _, name in STEP_FIGURES),
         *(f"held-out {p} %" for p in personas),
     ]
     return table(headers, body)
 
 
-def versions(rows: Sequence[dict[str, Any]]) -> str:
-    return page("Versions", _curve(rows) + _versions_table(rows))
+VERSIONS_SHOWN = 200
+"""The versions page's table holds the newest so many (its curve, every version; ``/api/versions``, all)."""
+
+
+def versions(rows: Sequence[dict[str, Any]], curve: Sequence[dict[str, Any]]) -> str:
+    note = (
+        f'<p class="muted">The newest {len(rows)} versions; every one: <a href="/api/versions">/api/versions</a>.</p>'
+        if len(rows) >= VERSIONS_SHOWN
+        else ""
+    )
+    return page("Versions", _curve(curve) + note + _versions_table(rows))
 
 
 def _curve(rows: Sequence[dict[str, Any]]) -> str:
@@ -151,18 +184,26 @@ def _curve(rows: Sequence[dict[str, Any]]) -> str:
     return f'<svg width="{w + 90}" height="{h}" {label}>{axes}{"".join(lines)}</svg>'
 
 
-def sessions(rows: Sequence[dict[str, Any]], query: str, outcome: str) -> str:
+def sessions(
+    rows: Sequence[dict[str, Any]], users: Sequence[str], query: str, outcome: str, user: str
+) -> str:
     options = "".join(
         f'<option value="{o}"{" selected" if o == outcome else ""}>{o or "any outcome"}</option>'
         for o in ("", "good", "bad", "neutral", "unjudged")
     )
+    people = "".join(
+        f'<option value="{esc(u)}"{" selected" if u == user else ""}>{esc(u) or "any user / persona"}</option>'
+        for u in ("", *users)
+    )
     form = (
         f'<form method="get"><input name="q" value="{esc(query)}" placeholder="session id contains">'
-        f'<select name="outcome">{options}</select><button>Filter</button></form>'
+        f'<select name="user" aria-label="user or persona">{people}</select>'
+        f'<select name="outcome" aria-label="outcome">{options}</select><button>Filter</button></form>'
     )
     body = [
         [
             f'<a href="/sessions/{quote(r["session_id"], safe="")}">{esc(r["session_id"])}</a>',
+            esc(r["user"]),
             f'<span class="num">{r["turns"]}</span>',
             when(r["last_at"]),
             f"v{r['version']}",
@@ -171,7 +212,10 @@ def sessions(rows: Sequence[dict[str, Any]], query: str, outcome: str) -> str:
         ]
         for r in rows
     ]
-    return page("Sessions", form + table(["session", "turns", "last turn", "version", "outcome"], body))
+    return page(
+        "Sessions",
+        form + table(["session", "user / persona", "turns", "last turn", "version", "outcome"], body),
+    )
 
 
 def session(session_id: str, turns: Sequence[dict[str, Any]]) -> str:

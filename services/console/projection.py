@@ -29,14 +29,24 @@ from schemas import (
     WeightsPublished,
 )
 
+SCHEMA_VERSION = 3
+"""Raised with every change to ``SCHEMA``: a projection written with another is rebuilt from the topics."""
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS turns (
     turn_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, turn_index INTEGER NOT NULL, created_at REAL NOT NULL,
     weight_version INTEGER NOT NULL, model TEXT, finish_reason TEXT, messages TEXT NOT NULL, response TEXT NOT NULL,
-    response_token_ids TEXT NOT NULL, response_logprobs TEXT NOT NULL, session_done INTEGER NOT NULL
+    response_token_ids TEXT NOT NULL, response_logprobs TEXT NOT NULL, session_done INTEGER NOT NULL,
+    user TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session_id, turn_index);
 CREATE INDEX IF NOT EXISTS turns_by_time ON turns (created_at);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY, user TEXT NOT NULL DEFAULT '', turns INTEGER NOT NULL DEFAULT 0, first_at REAL,
+    last_at REAL, version INTEGER, judged_index INTEGER, outcome TEXT NOT NULL DEFAULT 'unjudged'
+);
+CREATE INDEX IF NOT EXISTS sessions_by_time ON sessions (last_at);
+CREATE INDEX IF NOT EXISTS sessions_by_user ON sessions (user, last_at);
+CREATE INDEX IF NOT EXISTS sessions_by_outcome ON sessions (outcome, last_at);
 CREATE TABLE IF NOT EXISTS pairs (
     turn_id TEXT PRIMARY KEY, next_state TEXT, terminal_reason TEXT, paired_at REAL NOT NULL
 );
@@ -55,10 +65,20 @@ CREATE TABLE IF NOT EXISTS samples (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS samples_by_time ON samples (created_at);
+CREATE INDEX IF NOT EXISTS samples_by_version ON samples (weight_version, kind, reward, response_length);
+CREATE INDEX IF NOT EXISTS samples_by_kind ON samples (kind);
+CREATE TABLE IF NOT EXISTS version_traffic (
+    weight_version INTEGER NOT NULL, kind TEXT NOT NULL, samples INTEGER NOT NULL, reward_sum REAL NOT NULL,
+    length_sum INTEGER NOT NULL, PRIMARY KEY (weight_version, kind)
+);
+CREATE INDEX IF NOT EXISTS pairs_by_time ON pairs (paired_at);
+CREATE INDEX IF NOT EXISTS judgments_by_time ON judgments (created_at);
+CREATE INDEX IF NOT EXISTS teacher_by_time ON teacher (created_at);
 CREATE TABLE IF NOT EXISTS versions (
     version INTEGER PRIMARY KEY, step INTEGER NOT NULL, samples_trained INTEGER NOT NULL, path TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL, figures TEXT NOT NULL DEFAULT '{}'
 );
+CREATE INDEX IF NOT EXISTS versions_by_time ON versions (created_at);
 CREATE TABLE IF NOT EXISTS trained (sample_id TEXT PRIMARY KEY, version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS evals (
     version INTEGER NOT NULL, question_set TEXT NOT NULL, scores TEXT NOT NULL, answers TEXT NOT NULL,
@@ -74,7 +94,19 @@ CREATE TABLE IF NOT EXISTS offsets (
 );
 """
 
-TABLES = ("turns", "pairs", "judgments", "teacher", "samples", "versions", "trained", "evals", "dead_letters")
+TABLES = (
+    "turns",
+    "sessions",
+    "version_traffic",
+    "pairs",
+    "judgments",
+    "teacher",
+    "samples",
+    "versions",
+    "trained",
+    "evals",
+    "dead_letters",
+)
 
 
 def _json(value: Any) -> str:
@@ -89,109 +121,161 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
         db = sqlite3.connect(str(path), check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            # A projection of another layout: it is a cache of the topics, so it is emptied (offsets too) and the
+            # feed rebuilds it from the beginning.
+            for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+                db.execute(f"DROP TABLE IF EXISTS {name}")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.executescript(SCHEMA)
     db.row_factory = sqlite3.Row
     return db
 
 
-def _rows(event: Event) -> list[tuple[str, tuple[Any, ...]]]:
-    """(table, row) for one event; an event the console does not show gives none."""
+Row = dict[str, Any]
+
+
+def _rows(event: Event) -> list[tuple[str, Row]]:
+    """(table, row by column) for one event; an event the console does not show gives none."""
     if isinstance(event, Turn):
-        return [
-            (
-                "turns",
-                (
-                    event.turn_id,
-                    event.session_id,
-                    event.turn_index,
-                    event.created_at,
-                    event.weight_version,
-                    event.model,
-                    event.finish_reason,
-                    _json(event.messages),
-                    _json(event.response),
-                    _json(event.response_token_ids),
-                    _json(event.response_logprobs),
-                    int(event.session_done),
-                ),
-            )
-        ]
+        row: Row = {
+            "turn_id": event.turn_id,
+            "session_id": event.session_id,
+            "turn_index": event.turn_index,
+            "created_at": event.created_at,
+            "weight_version": event.weight_version,
+            "model": event.model,
+            "finish_reason": event.finish_reason,
+            "messages": _json(event.messages),
+            "response": _json(event.response),
+            "response_token_ids": _json(event.response_token_ids),
+            "response_logprobs": _json(event.response_logprobs),
+            "session_done": int(event.session_done),
+            "user": event.user,
+        }
+        return [("turns", row)]
     if isinstance(event, PairedTurn):
-        return [
-            (
-                "pairs",
-                (
-                    event.turn.turn_id,
-                    None if event.next_state is None else _json(event.next_state),
-                    event.terminal_reason,
-                    event.paired_at,
-                ),
-            )
-        ]
-    row: tuple[Any, ...]
+        row = {
+            "turn_id": event.turn.turn_id,
+            "next_state": None if event.next_state is None else _json(event.next_state),
+            "terminal_reason": event.terminal_reason,
+            "paired_at": event.paired_at,
+        }
+        return [("pairs", row)]
     if isinstance(event, Judgment):
-        row = (
-            event.turn_id,
-            event.judge_id,
-            event.kind,
-            _json(event.votes),
-            event.eval_score,
-            int(event.accepted),
-            event.hint,
-            event.judge_model,
-            event.created_at,
-        )
+        row = {
+            "turn_id": event.turn_id,
+            "judge_id": event.judge_id,
+            "kind": event.kind,
+            "votes": _json(event.votes),
+            "eval_score": event.eval_score,
+            "accepted": int(event.accepted),
+            "hint": event.hint,
+            "judge_model": event.judge_model,
+            "created_at": event.created_at,
+        }
         return [("judgments", row)]
     if isinstance(event, TeacherScores):
-        row = (
-            event.turn_id,
-            event.judge_id,
-            event.hint,
-            _json(event.teacher_logprobs),
-            event.teacher_model,
-            event.created_at,
-        )
+        row = {
+            "turn_id": event.turn_id,
+            "judge_id": event.judge_id,
+            "hint": event.hint,
+            "teacher_logprobs": _json(event.teacher_logprobs),
+            "teacher_model": event.teacher_model,
+            "created_at": event.created_at,
+        }
         return [("teacher", row)]
     if isinstance(event, Sample):
-        row = (
-            event.sample_id,
-            event.session_id,
-            event.mode,
-            event.kind,
-            event.reward,
-            event.weight_version,
-            event.response_length,
-            event.created_at,
-        )
+        row = {
+            "sample_id": event.sample_id,
+            "session_id": event.session_id,
+            "mode": event.mode,
+            "kind": event.kind,
+            "reward": event.reward,
+            "weight_version": event.weight_version,
+            "response_length": event.response_length,
+            "created_at": event.created_at,
+        }
         return [("samples", row)]
     if isinstance(event, WeightsPublished):
-        version = (
-            "versions",
-            (event.version, event.step, event.samples_trained, event.path, event.created_at),
-        )
-        return [version, *(("trained", (sid, event.version)) for sid in event.sample_ids)]
+        version: Row = {
+            "version": event.version,
+            "step": event.step,
+            "samples_trained": event.samples_trained,
+            "path": event.path,
+            "created_at": event.created_at,
+            "figures": _json(event.figures),
+        }
+        trained = [("trained", {"sample_id": sid, "version": event.version}) for sid in event.sample_ids]
+        return [("versions", version), *trained]
     if isinstance(event, EvalResult):
-        row = (
-            event.version,
-            event.question_set,
-            _json(event.scores),
-            _json(event.answers),
-            event.mean_words,
-            event.evaluated_at,
-        )
+        row = {
+            "version": event.version,
+            "question_set": event.question_set,
+            "scores": _json(event.scores),
+            "answers": _json(event.answers),
+            "mean_words": event.mean_words,
+            "evaluated_at": event.evaluated_at,
+        }
         return [("evals", row)]
     if isinstance(event, DeadLetter):
-        row = (
-            event.source_topic,
-            event.source_partition,
-            event.source_offset,
-            event.consumer_group,
-            event.error_kind,
-            event.error,
-            event.created_at,
-        )
+        row = {
+            "source_topic": event.source_topic,
+            "source_partition": event.source_partition,
+            "source_offset": event.source_offset,
+            "consumer_group": event.consumer_group,
+            "error_kind": event.error_kind,
+            "error": event.error,
+            "created_at": event.created_at,
+        }
         return [("dead_letters", row)]
     return []
+
+
+_SESSION_TURN = """
+INSERT INTO sessions (session_id, user, turns, first_at, last_at, version) VALUES (?, ?, 1, ?, ?, ?)
+ON CONFLICT (session_id) DO UPDATE SET
+    user = CASE WHEN excluded.user != '' THEN excluded.user ELSE sessions.user END,
+    turns = (SELECT COUNT(*) FROM turns WHERE turns.session_id = excluded.session_id),
+    first_at = MIN(COALESCE(sessions.first_at, excluded.first_at), excluded.first_at),
+    last_at = MAX(COALESCE(sessions.last_at, excluded.last_at), excluded.last_at),
+    version = MAX(COALESCE(sessions.version, excluded.version), excluded.version)
+"""
+_SESSION_JUDGED = """
+UPDATE sessions SET judged_index = ?, outcome = ? WHERE session_id = ? AND COALESCE(judged_index, 0) <= ?
+"""
+_VERSION_TRAFFIC = """
+INSERT OR REPLACE INTO version_traffic
+SELECT ?, ?, COUNT(*), SUM(reward), SUM(response_length) FROM samples WHERE weight_version = ? AND kind = ?
+"""
+OUTCOMES = {1: "good", -1: "bad", 0: "neutral"}
+"""A session's outcome: the eval score of its last judged turn (the first judge's, by id, when several voted)."""
+
+
+def _derive(db: sqlite3.Connection, event: Event) -> None:
+    """The summaries that keep pages fast at 100,000 turns (``sessions``; ``version_traffic``, samples per version
+    and kind). Each is recomputed from the stored rows it sums, not from arrival order, so a redelivery or a replay
+    derives the same rows."""
+    if isinstance(event, Turn):
+        db.execute(
+            _SESSION_TURN,
+            (event.session_id, event.user, event.created_at, event.created_at, event.weight_version),
+        )
+    elif isinstance(
+        event, Sample
+    ):  # the samples a version's traffic made, by kind: the versions page's figures
+        db.execute(_VERSION_TRAFFIC, (event.weight_version, event.kind, event.weight_version, event.kind))
+    elif isinstance(event, Judgment) and event.kind == "eval" and event.eval_score is not None:
+        session_id, _, index = event.turn_id.rpartition(":")
+        if not index.isdigit():
+            return
+        score = db.execute(
+            "SELECT eval_score FROM judgments WHERE turn_id = ? AND kind = 'eval' AND eval_score IS NOT NULL "
+            "ORDER BY judge_id LIMIT 1",
+            (event.turn_id,),
+        ).fetchone()[0]
+        db.execute("INSERT OR IGNORE INTO sessions (session_id) VALUES (?)", (session_id,))
+        db.execute(_SESSION_JUDGED, (int(index), OUTCOMES.get(int(score), "neutral"), session_id, int(index)))
 
 
 def apply(
@@ -202,9 +286,11 @@ def apply(
     with db:
         for event in events:
             for table, row in _rows(event):
-                marks = ", ".join("?" * len(row))
-                db.execute(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", row)
+                columns = ", ".join(row)
+                marks = ", ".join(f":{c}" for c in row)
+                db.execute(f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({marks})", row)
                 written += 1
+            _derive(db, event)
         for (topic, partition), offset in (offsets or {}).items():
             db.execute("INSERT OR REPLACE INTO offsets VALUES (?, ?, ?)", (topic, partition, offset))
     return written

@@ -40,30 +40,42 @@ def overview(db: sqlite3.Connection) -> dict[str, Any]:
     dead = [dict(r) for r in db.execute(
         "SELECT consumer_group, error_kind, COUNT(*) AS n FROM dead_letters GROUP BY consumer_group, error_kind"
     )]  # fmt: skip
-    return {"flow": flow, "samples_by_kind": kinds, "dead_letters": dead, "versions": versions(db)[-10:]}
+    return {"flow": flow, "samples_by_kind": kinds, "dead_letters": dead, "versions": versions(db, last=10)}
 
 
-def versions(db: sqlite3.Connection) -> list[dict[str, Any]]:
+def versions(db: sqlite3.Connection, last: int | None = None) -> list[dict[str, Any]]:
     """Per weight version, oldest first: the step that made it, the training traffic it answered (reward mean by
-    kind and mean response length of samples it produced) and its held-out evaluation."""
+    kind and mean response length of samples it produced) and its held-out evaluation; ``last``: only the newest
+    so many versions (each read is then a range of the version-ordered indexes)."""
     out: dict[int, dict[str, Any]] = {}
-    for r in db.execute("SELECT * FROM versions ORDER BY version"):
+    newest = db.execute(
+        "SELECT MAX(v) FROM (SELECT MAX(version) AS v FROM versions "
+        "UNION ALL SELECT MAX(weight_version) FROM version_traffic)"
+    ).fetchone()[0]
+    since = -1 if last is None or newest is None else newest - last + 1
+    for r in db.execute(
+        "SELECT version, created_at, samples_trained, figures FROM versions WHERE version >= ? ORDER BY version",
+        (since,),
+    ):
         out[r["version"]] = {
             "version": r["version"],
             "created_at": r["created_at"],
             "samples_trained": r["samples_trained"],
-            "figures": {},
+            "figures": loads(r["figures"]),
         }
     for r in db.execute(
-        "SELECT weight_version, kind, AVG(reward) AS reward, AVG(response_length) AS length, COUNT(*) AS n "
-        "FROM samples GROUP BY weight_version, kind"
+        "SELECT weight_version, kind, reward_sum / samples AS reward, 1.0 * length_sum / samples AS length, "
+        "samples AS n FROM version_traffic WHERE weight_version >= ?",
+        (since,),
     ):
         row = out.setdefault(r["weight_version"], {"version": r["weight_version"], "figures": {}})
         row.setdefault("reward_by_kind", {})[r["kind"]] = r["reward"]
         row.setdefault("samples", 0)
         row["samples"] += r["n"]
         row.setdefault("_length", []).append((r["length"], r["n"]))
-    for r in db.execute("SELECT version, scores, mean_words FROM evals ORDER BY evaluated_at"):
+    for r in db.execute(
+        "SELECT version, scores, mean_words FROM evals WHERE version >= ? ORDER BY evaluated_at", (since,)
+    ):
         row = out.setdefault(r["version"], {"version": r["version"], "figures": {}})
         row["heldout"] = loads(r["scores"])
         row["heldout_words"] = r["mean_words"]
@@ -76,33 +88,43 @@ def versions(db: sqlite3.Connection) -> list[dict[str, Any]]:
     return [out[v] for v in sorted(out)]
 
 
+def heldout_curve(db: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Every version's held-out scores, oldest first: the learning curve."""
+    rows = db.execute("SELECT version, scores FROM evals ORDER BY version").fetchall()
+    return [{"version": r["version"], "heldout": loads(r["scores"])} for r in rows]
+
+
 def sessions(
-    db: sqlite3.Connection, query: str = "", outcome: str = "", limit: int = 50
+    db: sqlite3.Connection, query: str = "", outcome: str = "", user: str = "", limit: int = 50
 ) -> list[dict[str, Any]]:
-    """Recent sessions, newest first; ``query`` filters by id substring; ``outcome`` by the last judged turn's
-    score (``good`` +1, ``bad`` -1, ``neutral`` 0)."""
+    """Recent sessions, newest first; ``query`` filters by id substring, ``user`` by the requests' OpenAI ``user``
+    (the simulated users' persona), ``outcome`` by the last judged turn's score (``good`` +1, ``bad`` -1,
+    ``neutral`` 0, or ``unjudged``). One indexed read of the projection's ``sessions`` table."""
+    where: list[str] = ["turns > 0"]
+    args: list[Any] = []
+    if query:
+        where.append("session_id LIKE ? ESCAPE '\\'")
+        args.append("%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+    if user:
+        where.append("user = ?")
+        args.append(user)
+    if outcome:
+        where.append("outcome = ?")
+        args.append(outcome)
     rows = db.execute(
-        "SELECT session_id, COUNT(*) AS turns, MIN(created_at) AS first_at, MAX(created_at) AS last_at, "
-        "MAX(weight_version) AS version FROM turns WHERE session_id LIKE ? GROUP BY session_id "
-        "ORDER BY last_at DESC LIMIT ?",
-        (f"%{query}%", limit * (4 if outcome else 1)),
+        "SELECT session_id, user, turns, first_at, last_at, version, outcome FROM sessions "
+        f"WHERE {' AND '.join(where)} ORDER BY last_at DESC LIMIT ?",
+        (*args, limit),
     ).fetchall()
-    out = []
-    for r in rows:
-        score = db.execute(
-            "SELECT j.eval_score FROM judgments j JOIN turns t ON t.turn_id = j.turn_id "
-            "WHERE t.session_id = ? AND j.kind = 'eval' AND j.eval_score IS NOT NULL "
-            "ORDER BY t.turn_index DESC LIMIT 1",
-            (r["session_id"],),
-        ).fetchone()
-        last = None if score is None else int(score[0])
-        label = {1: "good", -1: "bad", 0: "neutral"}.get(last, "unjudged") if last is not None else "unjudged"
-        if outcome and label != outcome:
-            continue
-        out.append({**dict(r), "outcome": label})
-        if len(out) == limit:
-            break
-    return out
+    return [dict(r) for r in rows]
+
+
+def users(db: sqlite3.Connection, limit: int = 100) -> list[str]:
+    """The distinct ``user`` values sessions were recorded with (for the filter's choices)."""
+    rows = db.execute(
+        "SELECT DISTINCT user FROM sessions WHERE user != '' ORDER BY user LIMIT ?", (limit,)
+    ).fetchall()
+    return [r[0] for r in rows]
 
 
 def session(db: sqlite3.Connection, session_id: str) -> list[dict[str, Any]] | None:

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from aiokafka.errors import KafkaError
 
 from services.config import Config
 from services.console.app import create_app, token_texts
 from services.console.feed import follow
 from services.console.projection import connect
 from services.model_store import cache_dir
+from services.topics import group_lag, pipeline_groups
+
+log = logging.getLogger("turnstream.console")
 
 
 def projection_path(config: Config) -> Path:
@@ -24,23 +30,42 @@ def projection_path(config: Config) -> Path:
     return cache_dir() / "console" / name
 
 
+async def measure_lag(
+    config: Config, live: dict[str, Any], stop: asyncio.Event, every_s: float = 10.0
+) -> None:
+    """The pipeline's consumer lag per group, every ``every_s``, into ``live["lag"]`` (the last good figures
+    stay shown while the broker does not answer)."""
+    groups = pipeline_groups(config)
+    while not stop.is_set():
+        try:
+            live["lag"] = await group_lag(config.kafka, groups)
+        except (KafkaError, OSError) as exc:
+            log.warning("could not measure consumer lag", extra={"error": str(exc)})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+
+
 def console_app(config: Config) -> Any:
     """The app, with the feed running for as long as it serves."""
     path = projection_path(config)
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = connect(path)  # creates the file and its schema before the first page is read
     tokenizer = config.console.tokenizer or config.trainer.hf_checkpoint or None
-    app = create_app(path, token_texts(tokenizer))
+    live: dict[str, Any] = {}
+    app = create_app(path, token_texts(tokenizer), live)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
         stop = asyncio.Event()
-        task = asyncio.create_task(follow(config.kafka, writer, stop))
+        tasks = [
+            asyncio.create_task(follow(config.kafka, writer, stop)),
+            asyncio.create_task(measure_lag(config, live, stop)),
+        ]
         try:
             yield
         finally:
             stop.set()
-            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             writer.close()
 
     app.router.lifespan_context = lifespan

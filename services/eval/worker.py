@@ -3,26 +3,33 @@
 Whenever the engine (``eval.engine_url``, default the policy's) serves a version that has no result yet for the
 held-out set, the held-out questions go straight to the engine (not through the proxy: they must never become
 training traffic), greedy, and each answer is scored by every persona's check; one ``EvalResult`` per version goes
-to ``evals``. Every answer must come from that version (the engine reports which version produced a response): if
-the engine moved on mid-evaluation the result is discarded and the newer version evaluated instead. Versions the
-engine passed over before they could be evaluated (a reloader that skips to the newest) are counted, not
-guessed. The versions already evaluated are read back from ``evals`` at start, so a restart evaluates none twice.
+to ``evals``. While it runs, the proxy's reloader holds the next version back (``eval.hold_reload_s``), so each
+version served is evaluated even when versions come faster than an evaluation takes. Every answer must come from
+that version (the engine reports which version made each token): if the engine moved on anyway (the hold expired,
+no Redis, another proxy without it) the result is discarded and the newer version evaluated instead. Versions
+the engine passed over before they could be evaluated are counted, not guessed. The versions already evaluated
+are read back from ``evals`` at start, so a restart evaluates none twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
+import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
+from redis.exceptions import RedisError
 
 from schemas import EvalAnswer, EvalResult
 from schemas.topics import EVALS
 from services.bus import EventProducer, read_topic
-from services.config import Config
-from services.engine_client import EngineClient, EngineError, close_engine_pool
+from services.config import Config, RedisConfig
+from services.engine_client import EngineClient, EngineError, close_engine_pool, version_number
 from services.eval.heldout import judged, question_set_id, result
 from services.metrics import serve_metrics
 from services.personas import Persona, by_name, heldout_questions
@@ -41,6 +48,16 @@ DISCARDED = Counter("turnstream_eval_discarded_total", "Evaluations discarded", 
 SECONDS = Histogram(
     "turnstream_eval_seconds", "One version's held-out evaluation", buckets=(1, 5, 15, 30, 60, 120, 300, 900)
 )
+
+
+def produced_by(data: dict[str, Any]) -> set[int]:
+    """Every weight version that made a token of a non-streamed response (SGLang's ``weight_versions`` spans when
+    a reload landed mid-generation, else its one ``weight_version``); empty when the engine said nothing."""
+    meta = data.get("metadata") or {}
+    spans = meta.get("weight_versions") or (
+        [{"version": meta["weight_version"]}] if meta.get("weight_version") is not None else []
+    )
+    return {version_number(span.get("version")) for span in spans}
 
 
 class Evaluator:
@@ -78,12 +95,12 @@ class Evaluator:
             "max_tokens": self.max_tokens,
             "temperature": 0,
         }
-        async with self.limit:
-            reply = await self.engine.chat(body)
-        if reply.weight_version is not None and reply.weight_version != str(version):
+        async with self.limit:  # greedy: a retried request gets the same answer
+            data = await self.engine.chat_raw(body, idempotent=True)
+        if produced_by(data) != {version}:
             return None
-        text = str(reply.message.get("content") or "").strip()
-        tokens = int((reply.raw.get("usage") or {}).get("completion_tokens", 0))
+        text = str(data["choices"][0]["message"].get("content") or "").strip()
+        tokens = int((data.get("usage") or {}).get("completion_tokens", 0))
         return judged(question, text, self.personas, tokens)
 
     async def evaluate(self, version: int, model: str) -> EvalResult | None:
@@ -97,6 +114,36 @@ class Evaluator:
         evaluated = result(version, self.questions, done, self.personas, model, started)
         SECONDS.observe(evaluated.duration_s)
         return evaluated
+
+
+class ReloadHold:
+    """Asks the proxy's reloader to keep the evaluated version served until its evaluation ends (a Redis key with
+    an expiry, ``RedisConfig.eval_hold_key``). Without Redis the evaluation runs unheld (and may be discarded)."""
+
+    def __init__(self, redis: RedisConfig, hold_s: float) -> None:
+        self.redis = redis
+        self.hold_ms = int(hold_s * 1000)
+        self.client = aioredis.from_url(redis.url) if self.hold_ms > 0 else None
+
+    @contextlib.asynccontextmanager
+    async def reloads(self, version: int) -> AsyncIterator[None]:
+        key = self.redis.eval_hold_key(version)
+        held = False
+        if self.client is not None:
+            try:
+                held = bool(await self.client.set(key, b"1", px=self.hold_ms))
+            except (RedisError, OSError) as exc:
+                log.warning("could not hold reloads; evaluating anyway", extra={"error": str(exc)})
+        try:
+            yield
+        finally:
+            if held and self.client is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await self.client.delete(key)
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
 
 
 async def evaluated_versions(config: Config, question_set: str) -> set[int]:
@@ -126,13 +173,15 @@ async def run_eval(
     done = await evaluated_versions(config, question_set)
     last = max(done, default=-1)
     log.info("eval running", extra={"question_set": question_set, "evaluated": sorted(done)[-5:]})
+    hold = ReloadHold(config.redis, ec.hold_reload_s)
     async with EventProducer(config.kafka, client_id=f"{config.kafka.client_id}-eval") as producer:
         try:
             while not stop.is_set():
                 now = await evaluator.served()
                 if now is not None and now[0] not in done:
                     version, model = now
-                    evaluated = await evaluator.evaluate(version, model)
+                    async with hold.reloads(version):
+                        evaluated = await evaluator.evaluate(version, model)
                     if evaluated is not None:
                         await producer.send(EVALS, evaluated, str(version))
                         if last >= 0 and version > last + 1:
@@ -150,4 +199,5 @@ async def run_eval(
                 except TimeoutError:
                     pass
         finally:
+            await hold.aclose()
             await close_engine_pool()

@@ -39,6 +39,7 @@ from services.proxy.turn_numbers import TurnNumbers
 from services.proxy.turns import DROPPED, RESCORED, Completion, UnrecordableTurn, build_turn, modified_logits
 from services.proxy.validation import BadInput, parse_chat, read_body
 from services.proxy.versions import ServedVersions
+from services.transport.resp import command
 from services.transport.sse import data_batches
 
 log = logging.getLogger("turnstream.proxy")
@@ -532,7 +533,12 @@ async def build_state(config: Config) -> ProxyState:
         loader = EngineClient(
             config.engine.url, api_key=config.engine.api_key, timeout_s=pc.reload_timeout_s, retries=0
         )
-        state.reloader = Reloader(config.kafka, loader, root, state.versions)
+
+        async def held(version: int) -> bool:  # PTTL: -2 no such key, else the milliseconds it has left
+            key = config.redis.eval_hold_key(version).encode()
+            return int(await turn_numbers.redis.send(command(b"PTTL", key))) > 0
+
+        state.reloader = Reloader(config.kafka, loader, root, state.versions, held=held)
         state.background.append(asyncio.create_task(state.reloader.run()))
     on_change = state.reloader.engine_changed if state.reloader is not None else None
     probe_client = EngineClient(config.engine.url, api_key=config.engine.api_key, timeout_s=10.0, retries=0)

@@ -24,6 +24,7 @@ import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from prometheus_client import Counter, Histogram
@@ -34,11 +35,15 @@ from services.bus import EventConsumer, Record
 from services.config import KafkaConfig
 from services.engine_client import EngineClient, EngineError, version_number
 from services.proxy.versions import ServedVersions
+from services.transport.resp import RedisReplyError
 
 log = logging.getLogger("turnstream.proxy.reloader")
 
 RELOADS = Counter(
     "turnstream_proxy_weight_reloads_total", "Weight versions the engine was asked to load", ["status"]
+)
+HELD = Counter(
+    "turnstream_proxy_reload_held_total", "Versions kept serving a while longer for their held-out evaluation"
 )
 RELOAD_SECONDS = Histogram(
     "turnstream_proxy_weight_reload_seconds",
@@ -65,12 +70,16 @@ class Reloader:
         *,
         pause_mode: str = "retract",
         retry_s: float = 5.0,
+        held: Callable[[int], Awaitable[bool]] | None = None,
     ) -> None:
         self.engine = engine
         self.root = weights_root
         self.versions = versions
         self.pause_mode = pause_mode
         self.retry_s = retry_s
+        self.held = held
+        """Whether the served version must stay a while longer (``turnstream eval`` is evaluating it)."""
+        self._held_version = -1
         self.newest: Record[WeightsPublished] | None = None
         """The newest valid version seen on the topic: what the engine should serve."""
         self._lock = asyncio.Lock()
@@ -117,6 +126,7 @@ class Reloader:
 
             async def again() -> None:
                 await asyncio.sleep(delay_s)
+                self._reapply = None  # so that this apply can schedule the next one
                 await self.apply()
 
             self._reapply = asyncio.create_task(again())
@@ -138,6 +148,9 @@ class Reloader:
                 return  # the next probe that finds the engine (or the next version) tries again
             if serving >= event.version:
                 self.versions.changed(serving)
+                return
+            if await self._is_held(serving):
+                self._later(1.0)
                 return
             loop = asyncio.get_running_loop()
             began = loop.time()
@@ -179,6 +192,20 @@ class Reloader:
             log.info(
                 "engine serves a new weight version", extra={"version": event.version, "path": event.path}
             )
+
+    async def _is_held(self, serving: int) -> bool:
+        if self.held is None:
+            return False
+        try:
+            held = await self.held(serving)
+        except (OSError, TimeoutError, RedisReplyError) as exc:
+            log.warning("could not check for an evaluation hold; reloading", extra={"error": str(exc)})
+            return False
+        if held and self._held_version != serving:
+            self._held_version = serving
+            HELD.inc()
+            log.info("version %s is being evaluated; the next waits", serving)
+        return held
 
     async def _continue(self) -> None:
         """Until the engine takes it: a paused engine serves no one."""

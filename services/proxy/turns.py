@@ -227,6 +227,7 @@ def build_turn(
             session_done=session_done,
             token_source=source,
             chat_template_kwargs=body.get("chat_template_kwargs") or None,
+            user=body["user"] if isinstance(body.get("user"), str) else "",
         )
     except (msgspec.ValidationError, ValueError) as exc:
         raise UnrecordableTurn("invalid_turn", str(exc)) from None

@@ -22,14 +22,14 @@ import msgspec
 import redis.asyncio as aioredis
 
 from schemas.modes import mode_spec
-from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, SESSIONS_ENDED, TEACHER, TURNS, TURNS_PAIRED
+from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, SESSIONS_ENDED, TEACHER, TURNS_PAIRED
 from services.bus import EventProducer, read_topic
 from services.config import Config
 from services.launch import free_port_block
 from services.model_store import cache_dir
 from services.replay.select import Range, publish_turns, recorded_session_ends, recorded_turns
 from services.supervisor import Service, StartupFailed, Supervisor
-from services.topics import create_topics, group_lag
+from services.topics import create_topics, group_lag, pipeline_groups
 
 log = logging.getLogger("turnstream.replay")
 
@@ -131,17 +131,6 @@ def stages(replay: Config, config_path: str | None) -> list[Service]:
     ]
 
 
-def _groups(replay: Config) -> dict[str, tuple]:  # type: ignore[type-arg]
-    groups = {
-        replay.pairer.group_id: (TURNS, SESSIONS_ENDED),
-        replay.judge.group_id: (TURNS_PAIRED,),
-        replay.dispatcher.group_id: (JUDGMENTS, TEACHER),
-    }
-    if mode_spec(replay.dispatcher.mode).needs_hint:  # the teacher scores accepted hints
-        groups[replay.teacher.group_id] = (JUDGMENTS,)
-    return groups
-
-
 async def _open_sessions(replay: Config) -> int:
     redis = aioredis.from_url(replay.redis.url)
     try:
@@ -187,7 +176,7 @@ async def derive(config: Config, opts: DeriveOptions, config_path: str | None = 
 
 
 async def _until_finished(replay: Config, supervisor: Supervisor, deadline: float) -> None:
-    groups = _groups(replay)
+    groups = pipeline_groups(replay)
     quiet = 0
     while quiet < 2:  # twice in a row: a stage may be between committing and producing
         if dead := supervisor.dead():

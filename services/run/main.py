@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 import httpx
 import msgspec
+from aiokafka.errors import KafkaError
 
 from services.config import Config
 from services.model_store import cache_dir
@@ -52,6 +53,7 @@ def _write_status(path: Path, progress: Progress) -> None:
 
 def _banner(config: Config, run_dir: Path) -> str:
     url = f"http://127.0.0.1:{config.proxy.port}/v1"
+    console = f"Console: http://127.0.0.1:{config.console.port}/\n" if config.run.console else ""
     return f"""
 turnstream is running. OpenAI-compatible API: {url}  (model "policy"; send X-Session-Id to group a conversation)
 
@@ -62,7 +64,7 @@ turnstream is running. OpenAI-compatible API: {url}  (model "policy"; send X-Ses
   client = OpenAI(base_url="{url}", api_key="unused")
   client.chat.completions.create(model="policy", messages=[...], extra_headers={{"X-Session-Id": "demo"}})
 
-Logs: {run_dir}/<service>.log   Status: {run_dir}/status.json   Ctrl-C stops everything.
+{console}Logs: {run_dir}/<service>.log   Status: {run_dir}/status.json   Ctrl-C stops everything.
 """
 
 
@@ -120,7 +122,23 @@ async def run_pipeline(
         killed = [name for name, c in codes if c is None]
         if killed:
             _say(f"had to kill: {', '.join(killed)}")
+        await _write_curve(config, run_dir)
     return code
+
+
+async def _write_curve(config: Config, run_dir: Path) -> None:
+    from services.run.heldout import write_heldout
+
+    try:
+        async with asyncio.timeout(60):
+            results = await write_heldout(config, run_dir)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        _say(f"could not write the held-out curve: {exc!r}")
+        return
+    if results:
+        last = results[-1]
+        scores = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(last.scores.items()))
+        _say(f"held-out curve: {run_dir}/heldout.png ({len(results)} versions; v{last.version}: {scores})")
 
 
 async def _watch(config: Config, supervisor: Supervisor, run_dir: Path, stop: asyncio.Event) -> None:
@@ -151,6 +169,10 @@ async def _watch(config: Config, supervisor: Supervisor, run_dir: Path, stop: as
             last_line = line
             # After the line: whoever sees this status in status.json can already read it in the output.
             _write_status(status, progress)
+            until = config.run.until_version
+            if until and progress.heldout_version is not None and progress.heldout_version >= until:
+                _say(f"version {progress.heldout_version} is evaluated (--until-version {until}): stopping")
+                return
             try:
                 await asyncio.wait_for(stop.wait(), 2.0)
             except TimeoutError:

@@ -65,6 +65,10 @@ def plan(
     ]
     if mode_spec(config.dispatcher.mode).needs_hint:  # rl scores no hints: no teacher worker
         services.insert(-3, worker("teacher", ["teacher", "--engine-url", teacher_url]))
+    if rc.console:  # its tokenizer is the policy's, for the heat map's token texts
+        env = {"TURNSTREAM_CONSOLE_TOKENIZER": model}
+        args = [*base, "console", "--host", "127.0.0.1", "--port", str(config.console.port)]
+        services.append(Service("console", args, env, config.console.port, "/healthz", 2))
     if rc.simulate:  # after everything else is up: users arrive once the pipeline can learn from them
         proxy_url = f"http://127.0.0.1:{config.proxy.port}/v1"
         out = str(Path(run_dir or ".") / "simulation")

@@ -157,7 +157,12 @@ class Simulator:
         self.run_id = uuid.uuid4().hex[:8]
 
     async def _ask(
-        self, http: httpx.AsyncClient, session_id: str, messages: list[dict[str, str]], done: bool
+        self,
+        http: httpx.AsyncClient,
+        session_id: str,
+        messages: list[dict[str, str]],
+        done: bool,
+        persona: str,
     ) -> Any:
         headers = {**self.headers, "X-Session-Id": session_id}
         if done:
@@ -167,6 +172,7 @@ class Simulator:
             "messages": messages,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
+            "user": persona,  # OpenAI's end-user field: recorded on the turn, the console filters by it
         }
         for attempt in range(5):
             try:
@@ -187,7 +193,7 @@ class Simulator:
         messages = [user(self.rng.choice(self.questions))]
         for turn in range(self.turns + 1):
             last = turn == self.turns
-            data = await self._ask(http, session_id, messages, done=last)
+            data = await self._ask(http, session_id, messages, done=last, persona=persona.name)
             if data is None or last:
                 break
             text = (data["choices"][0]["message"].get("content") or "").strip()

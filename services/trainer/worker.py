@@ -537,6 +537,7 @@ def _report(trainer: TrainerLoop, stats: StepStats, samples: list[Sample]) -> No
             "kl_rollout": round(stats.kl_rollout, 5),
             "kl": None if stats.kl is None else round(stats.kl, 5),
             "opd_gap": None if stats.opd_gap is None else round(stats.opd_gap, 5),
+            "topk_loss": None if stats.topk_loss is None else round(stats.topk_loss, 5),
             "is_weight_mean": None if stats.is_weight_mean is None else round(stats.is_weight_mean, 5),
             "is_truncated": None if stats.is_truncated is None else round(stats.is_truncated, 5),
             "tokens": stats.tokens,

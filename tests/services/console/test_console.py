@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -21,14 +22,16 @@ from services.config import KafkaConfig
 from services.console.app import create_app
 from services.console.feed import SHOWN, follow
 from services.console.pages import gap_colour
-from services.console.projection import apply, connect, dump
+from services.console.projection import apply, connect, dump, stored_offsets
+from tests.services.dispatcher.conftest import eval_judgment
 from tests.strategies import example_events, example_turn
 
 
 def events(session_id: str = "s1") -> list[Any]:
     """One of every event about one turn, plus a hint judgment and a version that trained on the turn."""
     found = example_events(session_id)
-    turn: Turn = found[Turn]  # type: ignore[assignment]
+    turn: Turn = msgspec.structs.replace(found[Turn], user="sign-off")  # type: ignore[type-var]
+    found[Turn] = turn
     hint = Judgment(
         turn_id=turn.turn_id,
         session_id=session_id,
@@ -64,6 +67,10 @@ async def test_pages_show_the_pipeline_and_unknown_ids_are_404_pages(tmp_path: P
         sessions = await http.get("/sessions", params={"q": "s1"})
         assert sessions.status_code == 200 and 'href="/sessions/s1"' in sessions.text
         assert "s1" not in (await http.get("/sessions", params={"q": "nobody"})).text.split("<table>")[1]
+        persona = await http.get("/sessions", params={"user": "sign-off"})
+        assert 'href="/sessions/s1"' in persona.text and '<option value="sign-off"' in persona.text
+        other = await http.get("/sessions", params={"user": "plain-short"})
+        assert 'href="/sessions/s1"' not in other.text
         good = await http.get("/sessions", params={"outcome": "good"})
         assert 'href="/sessions/s1"' in good.text  # the turn's eval judgment is +1
         assert 'href="/sessions/s1"' not in (await http.get("/sessions", params={"outcome": "bad"})).text
@@ -111,6 +118,39 @@ def test_applying_a_record_twice_changes_nothing(tmp_path: Path) -> None:
     once = dump(db)
     apply(db, batch[::-1])
     assert dump(db) == once and all(once[t] for t in ("turns", "judgments", "teacher", "samples", "evals"))
+
+
+def test_a_sessions_outcome_is_its_last_judged_turns_whatever_the_arrival_order(tmp_path: Path) -> None:
+    first, second = example_turn("s9", 1), example_turn("s9", 2)
+    batch = [
+        first,
+        eval_judgment(first, 1, "j1"),
+        second,
+        eval_judgment(second, -1, "j1"),
+        eval_judgment(second, 1, "j0"),
+    ]
+    forward, backward = connect(tmp_path / "f.sqlite3"), connect(tmp_path / "b.sqlite3")
+    apply(forward, batch)
+    for event in reversed(batch):  # judgments before their turns, one record per batch
+        apply(backward, [event])
+    assert dump(forward) == dump(backward)
+    (row,) = dump(forward)["sessions"]
+    # the last judged turn is 2; of its two judges the first by id (j0) says +1
+    assert row[:3] == ("s9", "", 2) and row[-2:] == (2, "good")
+
+
+def test_a_projection_of_an_older_layout_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE turns (turn_id TEXT PRIMARY KEY)")
+    old.execute("CREATE TABLE offsets (topic TEXT, partition INTEGER, next_offset INTEGER)")
+    old.execute("INSERT INTO offsets VALUES ('turns', 0, 99)")
+    old.commit()
+    old.close()
+    db = connect(path)
+    assert stored_offsets(db) == {}, "the feed starts again from the beginning"
+    apply(db, events())
+    assert len(dump(db)["turns"]) == 1 and dump(db)["sessions"][0][1] == "sign-off"
 
 
 async def _publish(kafka: KafkaConfig, batch: list[Any]) -> None:

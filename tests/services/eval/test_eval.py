@@ -10,11 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from schemas import EvalResult
 from schemas.topics import EVALS
 from services.bus import read_topic
-from services.config import Config, EngineConfig, EvalConfig, KafkaConfig
+from services.config import Config, EngineConfig, EvalConfig, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
 from services.eval.heldout import judged, question_set_id
 from services.eval.worker import run_eval
@@ -44,18 +45,27 @@ async def wait_for(kafka: KafkaConfig, versions: list[int], within_s: float = 30
 
 
 async def test_one_result_per_served_version_scored_by_the_personas(
-    kafka: KafkaConfig, own_engine: EngineProcess, smollm2_path: Path
+    kafka: KafkaConfig, redis_config: RedisConfig, own_engine: EngineProcess, smollm2_path: Path
 ) -> None:
     config = Config(
         kafka=kafka,
+        redis=redis_config,
         engine=EngineConfig(url=own_engine.url),
         eval=EvalConfig(poll_s=0.5, max_tokens=24),
     )
     stop = asyncio.Event()
+    store = aioredis.from_url(redis_config.url)
     task = asyncio.create_task(run_eval(config, install_signals=False, stop=stop))
     try:
+        hold = redis_config.eval_hold_key(0)
+        deadline = time.monotonic() + 120
+        while not await store.exists(hold):  # reloads are held while version 0 is evaluated
+            assert time.monotonic() < deadline and not await results(kafka), "no hold during the evaluation"
+            await asyncio.sleep(0.05)
+        assert 0 < await store.pttl(hold) <= 300_000
         first = await wait_for(kafka, [0])
         assert [r.version for r in first] == [0], first
+        assert not await store.exists(hold), "the hold outlived its evaluation"
         async with httpx.AsyncClient(timeout=600) as http:
             loaded = await http.post(
                 own_engine.url + "/update_weights_from_disk",
@@ -67,6 +77,7 @@ async def test_one_result_per_served_version_scored_by_the_personas(
     finally:
         stop.set()
         await asyncio.wait_for(task, 120)
+        await store.aclose()
     # A restart evaluates nothing twice: version 1 is still served, and has its result.
     stop = asyncio.Event()
     task = asyncio.create_task(run_eval(config, install_signals=False, stop=stop))

@@ -2,7 +2,8 @@
 flight (pause with retract, load, continue: the stream completes, nothing is refused, and the load does not wait
 for the stream to end); the next turn carries the version and the new weights' log-probs; a version is loaded
 once; paths outside the weights root are refused; after an engine restart the newest version is applied again and
-every turn is labelled with the weights that produced it."""
+every turn is labelled with the weights that produced it; a version under held-out evaluation stays served until
+its hold ends."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from schemas import Turn, WeightsPublished
 from schemas.topics import DEADLETTER, WEIGHTS
 from services.bus import EventProducer, read_topic
-from services.config import KafkaConfig
+from services.config import KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
 from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
@@ -217,3 +219,43 @@ async def test_after_an_engine_restart_the_newest_version_is_applied_again_and_l
     labels = [turns[f"after-{i}:1"].weight_version for i in range(served)]
     assert labels == [made_by(turns[f"after-{i}:1"]) for i in range(served)], "every label is the truth"
     assert labels[-1] == 1
+
+
+async def test_a_version_under_evaluation_stays_served_until_its_hold_ends(
+    own_engine: EngineProcess,
+    proxy_env: dict[str, str],
+    kafka: KafkaConfig,
+    redis_config: RedisConfig,
+    perturbed_weights: Path,
+) -> None:
+    """``turnstream eval`` holds reloads while it evaluates the served version (a Redis key with an expiry): a
+    newer version published meanwhile waits, and loads once the key is deleted."""
+    env = {
+        **proxy_env,
+        "TURNSTREAM_ENGINE_URL": own_engine.url,
+        "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(perturbed_weights.parent),
+    }
+    async with httpx.AsyncClient(timeout=300) as http:
+        serving = int(await engine_version(http, own_engine.url) or 0)
+        key = redis_config.eval_hold_key(serving)
+        store = aioredis.from_url(redis_config.url)
+        try:
+            await store.set(key, b"1", px=120_000)
+            await publish(kafka, serving + 1, str(perturbed_weights))
+            proxy = ProxyProcess(env)
+            try:
+                await asyncio.sleep(8)  # the reloader has read the version (it starts from the topic's start)
+                assert await engine_version(http, own_engine.url) == str(serving), "loaded despite the hold"
+                assert scraped(proxy.url, "turnstream_proxy_reload_held_total") == 1
+                assert scraped(proxy.url, "turnstream_proxy_weight_reloads_total", status="ok") == 0
+                await store.delete(key)
+                deadline = time.monotonic() + 60
+                while await engine_version(http, own_engine.url) != str(serving + 1):
+                    assert time.monotonic() < deadline, "the version never loaded after the hold ended"
+                    await asyncio.sleep(0.5)
+                assert scraped(proxy.url, "turnstream_proxy_weight_reloads_total", status="ok") == 1
+            finally:
+                proxy.stop()
+        finally:
+            await store.delete(key)
+            await store.aclose()

@@ -20,14 +20,16 @@ def test_default_plan_starts_engines_then_proxy_then_workers_on_loopback() -> No
         "dispatcher",
         "trainer",
         "eval",
+        "console",
     ]
-    assert [s.stage for s in services] == [0, 0, 1, 2, 2, 2, 2, 2, 2]
+    assert [s.stage for s in services] == [0, 0, 1, 2, 2, 2, 2, 2, 2, 2]
     ports = [s.port for s in services]
     assert (
         len(set(ports)) == len(ports)
         and ports[:3] == [30000, 30002, 8000]
         and ports[3:8] == list(range(9101, 9106))
         and ports[8] == 9107  # after simulate's
+        and ports[9] == 8080
     )
     by = {s.name: s for s in services}
     for s in services:
@@ -45,6 +47,11 @@ def test_default_plan_starts_engines_then_proxy_then_workers_on_loopback() -> No
     assert by["eval"].args[-2:] == ["--engine-url", "http://127.0.0.1:30000"]  # the engine, not the proxy
     assert by["dispatcher"].env == {"TURNSTREAM_METRICS_PORT": "9104"}
     assert by["engine"].ready_path == "/health" and by["proxy"].ready_path == "/healthz"
+    assert by["console"].args[-4:] == ["--host", "127.0.0.1", "--port", "8080"]
+    assert by["console"].env == {
+        "TURNSTREAM_CONSOLE_TOKENIZER": "/models/smollm2"
+    }  # token texts of the policy
+    assert by["console"].ready_path == "/healthz"
 
 
 def test_engine_judge_and_ports_follow_the_configuration() -> None:
@@ -54,9 +61,12 @@ def test_engine_judge_and_ports_follow_the_configuration() -> None:
             "TURNSTREAM_RUN_ENGINE_PORT": "31000",
             "TURNSTREAM_RUN_METRICS_PORT_BASE": "9500",
             "TURNSTREAM_PROXY_PORT": "8100",
+            "TURNSTREAM_CONSOLE_PORT": "8181",
         }
     )
     by = {s.name: s for s in plan(config, "/m")}
+    assert by["console"].port == 8181 and by["console"].args[-1] == "8181"
+    assert "console" not in {s.name for s in plan(load_config(env={"TURNSTREAM_RUN_CONSOLE": "0"}), "/m")}
     assert by["judge"].args == ["judge", "--backend", "engine", "--engine-url", "http://127.0.0.1:30002"]
     assert by["proxy"].args[-1] == "http://127.0.0.1:31000" and by["proxy"].port == 8100
     assert by["trainer"].port == 9504 and by["engine"].args[0] == "engine"

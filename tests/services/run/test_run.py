@@ -1,10 +1,12 @@
 """``turnstream run`` for real: every service starts (two SGLang servers, proxy, pairer, judge, teacher, dispatcher,
-trainer), turns sent through the proxy show up in the live progress, and SIGTERM stops every process cleanly."""
+trainer, eval, console), turns sent through the proxy show up in the live progress and in the console (in Chromium),
+and SIGTERM stops every process cleanly."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,12 +17,13 @@ import openai
 import psutil
 import pytest
 
-from schemas.topics import DEADLETTER, EVALS, SAMPLES, TURNS
+from schemas.topics import DEADLETTER, EVALS, JUDGMENTS, SAMPLES, TEACHER, TURNS
 from services.bus import read_topic
 from services.config import KafkaConfig, RedisConfig, load_config
 from services.launch import free_port, free_port_block
 from services.personas import heldout_questions
 from services.run.plan import plan
+from tests.browser import check_console
 
 # Two SGLang servers start in each run: 2-3 minutes of the two cores before the first turn.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -63,7 +66,9 @@ def start_run(
         "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
         "TURNSTREAM_RUN_ENGINE_PORT": str(free_port()),
         "TURNSTREAM_RUN_TEACHER_ENGINE_PORT": str(free_port()),
-        "TURNSTREAM_RUN_METRICS_PORT_BASE": str(free_port_block(6)),
+        "TURNSTREAM_RUN_METRICS_PORT_BASE": str(free_port_block(7)),
+        "TURNSTREAM_CONSOLE_PORT": str(free_port()),
+        "TURNSTREAM_CONSOLE_DB_PATH": str(tmp_path / "console.sqlite3"),
         "TURNSTREAM_PROXY_PORT": str(proxy_port),
         "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
         "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
@@ -106,13 +111,14 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     """``make run``'s job in short: ``turnstream run --simulate 2`` with batches of 4 samples. Every service
     starts; turns sent through the proxy show in the live progress; at least two weight versions are published
     and loaded by SGLang, and later turns carry the newer version, in what the simulated users saw and in the
-    recorded turns; SIGTERM stops it all cleanly (exit code 0, no process left). One run does all of it: each
-    starts two SGLang servers, minutes on two cores. (A SIGKILL of the run leaving no orphan: test_launch.py.)"""
+    recorded turns; the console shows it all in a browser; SIGTERM stops it all cleanly (exit code 0, no process
+    left). One run does all of it: each starts two SGLang servers, minutes on two cores. (A SIGKILL of the run
+    leaving no orphan: test_launch.py.)"""
     run_dir = tmp_path / "run"
     proxy_port = free_port()
     proc = start_run(
         kafka, redis_config, smollm2_path, tmp_path, run_dir, proxy_port, "--simulate", "2",
-        TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE="4",
+        TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE="4", TURNSTREAM_EVAL_MAX_TOKENS="16",
     )  # fmt: skip
     try:
         wait_status(run_dir, proc, lambda s: s["down"] == [], timeout=600)
@@ -133,6 +139,15 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
         # has seen v2 (observations are rewritten every 30 s).
         observations = run_dir / "simulation" / "observations.jsonl"
         wait_status(run_dir, proc, lambda s: max(seen_versions(observations), default=0) >= 2, timeout=300)
+        # The console, in Chromium, on the live pipeline (tests/browser.py says what it checks).
+        banner = (run_dir / "run.out").read_text()
+        console = re.search(r"Console: (http://127\.0\.0\.1:\d+)/", banner)
+        assert console, banner[-2000:]
+        taught, *_ = [r.event async for r in read_topic(kafka, TEACHER)]
+        (turn,) = [r.event async for r in read_topic(kafka, TURNS) if r.event.turn_id == taught.turn_id]
+        votes = [r.event async for r in read_topic(kafka, JUDGMENTS) if r.event.turn_id == taught.turn_id]
+        shots = os.environ.get("TURNSTREAM_SCREENSHOTS")
+        await check_console(console.group(1), turn, taught, votes, Path(shots) if shots else None)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, "a clean stop"
         deadline = time.monotonic() + 60
@@ -165,11 +180,10 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     }
     distilled = [r.event async for r in read_topic(kafka, SAMPLES) if r.event.teacher_logprobs is not None]
     assert any(s.sample_id in listed and s.kind in ("opd+rl", "opd-only") for s in distilled), distilled
-    # The held-out evaluation runs beside the pipeline: never twice for a version, and its questions never become
-    # traffic. (Here versions change every few seconds, faster than an evaluation on these two cores, so most are
-    # discarded as the engine moves on: tests/services/eval shows the results themselves.)
+    # The held-out evaluation runs beside the pipeline: the starting weights first (the reloader waits for it),
+    # then a version the engine served later, never one twice; its questions never become traffic.
     evaluated = [r.event.version async for r in read_topic(kafka, EVALS)]
-    assert len(set(evaluated)) == len(evaluated), evaluated
+    assert min(evaluated) == 0 and len(evaluated) >= 2 and len(set(evaluated)) == len(evaluated), evaluated
     held = set(heldout_questions())
     asked = {str(m.content) async for r in read_topic(kafka, TURNS) for m in r.event.messages}
     assert not any(q in text for q in held for text in asked)
