@@ -118,13 +118,13 @@ class ServiceProcess:
                 raise TimeoutError(f"{self.name} was not ready within {self.startup_timeout_s} s")
             time.sleep(0.2)
 
-    def stop(self) -> int | None:
-        """SIGTERM (services finish in-flight work and flush), then SIGKILL after 30 s. Returns the exit code,
-        or None if it had to be killed."""
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM (services finish in-flight work and flush), then SIGKILL after ``timeout_s``. Returns the exit
+        code, or None if it had to be killed."""
         self.proc.terminate()
         code: int | None
         try:
-            code = self.proc.wait(timeout=30)
+            code = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

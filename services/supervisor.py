@@ -24,6 +24,8 @@ class Service(msgspec.Struct, frozen=True):
     ready_path: str
     stage: int
     """Services of one stage start together; a stage starts once the previous one is ready."""
+    stop_timeout_s: float = 30.0
+    """How long after SIGTERM before SIGKILL."""
 
 
 class StartupFailed(RuntimeError):
@@ -85,7 +87,8 @@ class Supervisor:
         for _, p in procs:
             if p.proc.poll() is None:
                 p.proc.terminate()
-        codes = [(name, p.stop()) for name, p in procs]
+        grace = {s.name: s.stop_timeout_s for s in self.services}
+        codes = [(name, p.stop(grace.get(name, 30.0))) for name, p in procs]
         for log in self._logs:
             log.close()
         return codes

@@ -56,7 +56,9 @@ def when(ts: float | None) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows) or (
+        f'<tr><td colspan="{len(headers)}" class="muted">none</td></tr>'
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 

@@ -39,9 +39,10 @@ def plan(
         ]
         return Service(name, base + args, {}, port, "/health", 0)
 
-    def worker(name: str, args: list[str], stage: int = 2) -> Service:
+    def worker(name: str, args: list[str], stage: int = 2, stop_timeout_s: float = 30.0) -> Service:
         port = metrics[name]
-        return Service(name, base + args, {"TURNSTREAM_METRICS_PORT": str(port)}, port, "/metrics", stage)
+        env = {"TURNSTREAM_METRICS_PORT": str(port)}
+        return Service(name, base + args, env, port, "/metrics", stage, stop_timeout_s)
 
     judge_args = ["judge", "--backend", rc.judge_backend]
     if rc.judge_backend == "engine":
@@ -60,7 +61,8 @@ def plan(
         worker("pairer", ["pairer"]),
         worker("judge", judge_args),
         worker("dispatcher", ["dispatcher"]),
-        worker("trainer", ["trainer", "--hf-checkpoint", model]),
+        # A clean stop finishes the step in progress and writes a full checkpoint: ~30 s on this CPU.
+        worker("trainer", ["trainer", "--hf-checkpoint", model], stop_timeout_s=180.0),
         worker("eval", ["eval", "--engine-url", engine_url]),  # the policy engine directly, never the proxy
     ]
     if mode_spec(config.dispatcher.mode).needs_hint:  # rl scores no hints: no teacher worker

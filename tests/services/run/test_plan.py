@@ -46,6 +46,9 @@ def test_default_plan_starts_engines_then_proxy_then_workers_on_loopback() -> No
     assert by["trainer"].args[-2:] == ["--hf-checkpoint", "/models/smollm2"]
     assert by["eval"].args[-2:] == ["--engine-url", "http://127.0.0.1:30000"]  # the engine, not the proxy
     assert by["dispatcher"].env == {"TURNSTREAM_METRICS_PORT": "9104"}
+    assert (
+        by["trainer"].stop_timeout_s == 180 and by["dispatcher"].stop_timeout_s == 30
+    )  # a step + a checkpoint
     assert by["engine"].ready_path == "/health" and by["proxy"].ready_path == "/healthz"
     assert by["console"].args[-4:] == ["--host", "127.0.0.1", "--port", "8080"]
     assert by["console"].env == {
