@@ -466,9 +466,16 @@ class WeightsPublished(Event, frozen=True, tag="weights_published"):
     """The samples the step behind this version trained on (empty from producers that predate the field)."""
     figures: dict[str, float] = msgspec.field(default_factory=dict)
     """The step's figures (loss, clip_fraction, kl_rollout, grad_norm, entropy, ...), for dashboards."""
+    advantages: list[float] = msgspec.field(default_factory=list)
+    """Each trained sample's advantage as the step used it (``trainer.advantages``), its mean over the response's
+    tokens; parallel to ``sample_ids`` (empty from producers that predate the field)."""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)
+        if self.advantages and len(self.advantages) != len(self.sample_ids):
+            _fail("advantages", f"{len(self.advantages)} values for {len(self.sample_ids)} sample_ids")
+        if not all(math.isfinite(a) for a in self.advantages):
+            _fail("advantages", "must all be finite")
         if self.version < 1:
             _fail("version", f"must be >= 1, got {self.version}")
         _require_id("path", self.path)

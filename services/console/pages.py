@@ -319,12 +319,20 @@ def turn(data: dict[str, Any], token_text: Callable[[list[int]], list[str]]) -> 
         trained = data["trained_into"]
         parts.append(
             table(
-                ["kind", "mode", "reward", "version", "trained into"],
+                [
+                    "kind",
+                    "mode",
+                    "reward",
+                    "advantage (mean per token, as trained)",
+                    "version",
+                    "trained into",
+                ],
                 [
                     [
                         esc(sample["kind"]),
                         esc(sample["mode"]),
                         f"{sample['reward']:+.1f}",
+                        "not trained yet" if data["advantage"] is None else f"{data['advantage']:+.4f}",
                         f"v{sample['weight_version']}",
                         "not yet" if trained is None else f"v{trained}",
                     ]

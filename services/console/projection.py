@@ -29,7 +29,7 @@ from schemas import (
     WeightsPublished,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Raised with every change to ``SCHEMA``: a projection written with another is rebuilt from the topics."""
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS turns (
@@ -79,7 +79,7 @@ CREATE TABLE IF NOT EXISTS versions (
     created_at REAL NOT NULL, figures TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS versions_by_time ON versions (created_at);
-CREATE TABLE IF NOT EXISTS trained (sample_id TEXT PRIMARY KEY, version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS trained (sample_id TEXT PRIMARY KEY, version INTEGER NOT NULL, advantage REAL);
 CREATE TABLE IF NOT EXISTS evals (
     version INTEGER NOT NULL, question_set TEXT NOT NULL, scores TEXT NOT NULL, answers TEXT NOT NULL,
     mean_words REAL NOT NULL, evaluated_at REAL NOT NULL, PRIMARY KEY (version, question_set)
@@ -206,7 +206,11 @@ def _rows(event: Event) -> list[tuple[str, Row]]:
             "created_at": event.created_at,
             "figures": _json(event.figures),
         }
-        trained = [("trained", {"sample_id": sid, "version": event.version}) for sid in event.sample_ids]
+        advantages: list[float | None] = list(event.advantages) or [None] * len(event.sample_ids)
+        trained = [
+            ("trained", {"sample_id": sid, "version": event.version, "advantage": adv})
+            for sid, adv in zip(event.sample_ids, advantages, strict=True)
+        ]
         return [("versions", version), *trained]
     if isinstance(event, EvalResult):
         row = {

@@ -159,7 +159,7 @@ def turn(db: sqlite3.Connection, turn_id: str) -> dict[str, Any] | None:
         for r in db.execute("SELECT * FROM teacher WHERE turn_id = ? ORDER BY judge_id", (turn_id,))
     ]
     sample = db.execute("SELECT * FROM samples WHERE sample_id = ?", (turn_id,)).fetchone()
-    trained = db.execute("SELECT version FROM trained WHERE sample_id = ?", (turn_id,)).fetchone()
+    trained = db.execute("SELECT version, advantage FROM trained WHERE sample_id = ?", (turn_id,)).fetchone()
     return {
         "turn_id": t["turn_id"],
         "session_id": t["session_id"],
@@ -176,4 +176,5 @@ def turn(db: sqlite3.Connection, turn_id: str) -> dict[str, Any] | None:
         "teacher": teacher,
         "sample": None if sample is None else dict(sample),
         "trained_into": None if trained is None else int(trained[0]),
+        "advantage": None if trained is None else trained[1],
     }

@@ -67,6 +67,8 @@ class StepStats(msgspec.Struct):
     applied: bool = True
     """False when the optimizer skipped the update (non-finite gradients)."""
     gpu_peak_gib: float | None = None
+    advantages: dict[str, float] = msgspec.field(default_factory=dict)
+    """Each sample's advantage (by sample id), its mean over the response's tokens, as this step used it."""
     """On a GPU: the most memory torch allocated during the step (to compare with ``turnstream trainer plan``)."""
 
 
@@ -495,4 +497,7 @@ def train_step(
         **off_policy,
         applied=bool(applied),
         gpu_peak_gib=torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        advantages={
+            s.sample_id: float(a.mean()) if len(a) else 0.0 for s, a in zip(samples, advantages, strict=True)
+        },
     )

@@ -457,7 +457,10 @@ async def run_trainer(
                 stats = await asyncio.to_thread(trainer.train, samples, checkpoint)
                 announcement = await asyncio.to_thread(trainer.persist, samples, offsets, checkpoint)
                 announcement = msgspec.structs.replace(
-                    announcement, sample_ids=[s.sample_id for s in samples], figures=_figures(stats)
+                    announcement,
+                    sample_ids=[s.sample_id for s in samples],
+                    figures=_figures(stats),
+                    advantages=[stats.advantages[s.sample_id] for s in samples],
                 )
                 await producer.send(WEIGHTS, announcement, "policy")
                 await consumer.commit({TopicPartition(topic, p): o for p, o in offsets.items()})

@@ -96,6 +96,8 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (WeightsPublished, {"version": 0}, "version"),
     (WeightsPublished, {"path": ""}, "path"),
     (WeightsPublished, {"format": "pickle"}, "format"),
+    (WeightsPublished, {"sample_ids": ["a", "b"], "advantages": [0.5]}, "advantages"),
+    (WeightsPublished, {"sample_ids": ["a"], "advantages": [float("nan")]}, "advantages"),
     # EvalResult
     (EvalResult, {"version": -1}, "version"),
     (EvalResult, {"answers": []}, "answers"),

@@ -44,7 +44,7 @@ def events(session_id: str = "s1") -> list[Any]:
         accepted=True,
         hint="Say the answer plainly.",
     )
-    trained = msgspec.structs.replace(found[WeightsPublished], sample_ids=[turn.turn_id])  # type: ignore[type-var]
+    trained = msgspec.structs.replace(found[WeightsPublished], sample_ids=[turn.turn_id], advantages=[0.4375])  # type: ignore[type-var]
     return [*(e for t, e in found.items() if t is not WeightsPublished), hint, trained]
 
 
@@ -100,7 +100,9 @@ async def test_pages_show_the_pipeline_and_unknown_ids_are_404_pages(tmp_path: P
             assert gone.status_code == 404 and "Not found" in gone.text, missing
         api = await http.get("/api/turns/nope:1")
         assert api.status_code == 404 and api.json()["error"]["type"] == "not_found"
-        assert (await http.get("/api/turns/s1:1")).json()["trained_into"] == 1
+        inspected = (await http.get("/api/turns/s1:1")).json()
+        assert inspected["trained_into"] == 1 and inspected["advantage"] == 0.4375
+        assert "+0.4375" in (await http.get("/turns/s1:1")).text
         metrics = await http.get("/metrics")
         assert metrics.status_code == 200 and "turnstream_console_records_total" in metrics.text
 

@@ -4,6 +4,7 @@ and SIGTERM stops every process cleanly."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -97,6 +98,13 @@ def start_run(
         )
 
 
+async def simulated_turn_at(kafka: KafkaConfig, version: int) -> bool:
+    async for r in read_topic(kafka, TURNS):
+        if r.event.session_id.startswith("sim-") and r.event.weight_version >= version:
+            return True
+    return False
+
+
 def seen_versions(observations: Path) -> list[int]:
     try:
         lines = observations.read_text().splitlines()
@@ -118,7 +126,7 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     proxy_port = free_port()
     proc = start_run(
         kafka, redis_config, smollm2_path, tmp_path, run_dir, proxy_port, "--simulate", "2",
-        TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE="4", TURNSTREAM_EVAL_MAX_TOKENS="16",
+        TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE="4", TURNSTREAM_EVAL_MAX_TOKENS="8",
     )  # fmt: skip
     try:
         wait_status(run_dir, proc, lambda s: s["down"] == [], timeout=600)
@@ -135,10 +143,13 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
         wait_status(run_dir, proc, lambda s: s["turns"] >= 3 and s["paired"] >= 2, timeout=120)
         assert "turns " in (run_dir / "run.out").read_text()  # the live line, written for a non-terminal
         wait_status(run_dir, proc, lambda s: s["serving_version"] >= 2, timeout=900)
-        # Requests in flight while the engine loaded v2 were still answered by v1: wait until a simulated user
-        # has seen v2 (observations are rewritten every 30 s).
-        observations = run_dir / "simulation" / "observations.jsonl"
-        wait_status(run_dir, proc, lambda s: max(seen_versions(observations), default=0) >= 2, timeout=300)
+        # Requests in flight while the engine loaded v2 were still answered by v1: wait until a simulated user's
+        # turn answered by v2 is recorded (the user has its answer then; observations.jsonl is rewritten only
+        # every 30 s, and at the stop).
+        deadline = time.monotonic() + 300
+        while not await simulated_turn_at(kafka, 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "no simulated user was answered by v2"
+            await asyncio.sleep(2)
         # The console, in Chromium, on the live pipeline (tests/browser.py says what it checks).
         banner = (run_dir / "run.out").read_text()
         console = re.search(r"Console: (http://127\.0\.0\.1:\d+)/", banner)

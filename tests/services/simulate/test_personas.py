@@ -1,5 +1,5 @@
 """Simulated users: what meets each preference, and that the judges read their reactions as intended (a correction
-is a failed turn whose hint is the correction; thanks plus the next question is a successful turn)."""
+is a failed turn whose hint is what the correction asks for; thanks plus the next question is a successful turn)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def test_preferences() -> None:
 def test_the_rules_judge_reads_every_reaction_as_intended(persona) -> None:  # type: ignore[no-untyped-def]
     correction = paired(persona.correction)
     assert rules.eval_score(correction) == -1
-    assert rules.hint(correction) == persona.correction
+    complaint, ask = persona.correction.split(". ", 1)  # "No, ... . Please ...": the hint is what it asks
+    assert complaint.startswith("No,") and rules.hint(correction) == ask
     for q in questions():
         thanks = paired(f"{persona.thanks} Next question: {q}")
         assert rules.eval_score(thanks) == 1, q

@@ -59,6 +59,9 @@ async def test_steps_publish_versions_and_a_restart_resumes_at_the_checkpoint(
     assert [w.version for w in published] == [1, 2] and all(
         isinstance(w, WeightsPublished) for w in published
     )
+    rewards = {s.sample_id: s.reward for s in first}
+    for w in published:  # rl: the advantage of each token is the sample's reward, as trained
+        assert len(w.sample_ids) == 4 and w.advantages == [rewards[sid] for sid in w.sample_ids]
     v2 = Path(published[-1].path)
     assert v2 == out / "versions" / "v2" and (v2 / "config.json").exists()
     weights = read_hf_weights(v2)
