@@ -52,7 +52,8 @@ def console_app(config: Config) -> Any:
     writer = connect(path)  # creates the file and its schema before the first page is read
     tokenizer = config.console.tokenizer or config.trainer.hf_checkpoint or None
     live: dict[str, Any] = {}
-    app = create_app(path, token_texts(tokenizer), live)
+    texts = token_texts(tokenizer)
+    app = create_app(path, texts, live)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
@@ -60,6 +61,8 @@ def console_app(config: Config) -> Any:
         tasks = [
             asyncio.create_task(follow(config.kafka, writer, stop)),
             asyncio.create_task(measure_lag(config, live, stop)),
+            # The tokenizer loads with transformers (seconds, more on a busy CPU): now, not on the first turn page.
+            asyncio.create_task(asyncio.to_thread(texts, [])),
         ]
         try:
             yield

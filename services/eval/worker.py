@@ -181,6 +181,9 @@ async def run_eval(
                 if now is not None and now[0] not in done:
                     version, model = now
                     async with hold.reloads(version):
+                        # A reload may have begun before the hold was set: then evaluate the version it brings.
+                        if await evaluator.served() != now:
+                            continue
                         evaluated = await evaluator.evaluate(version, model)
                     if evaluated is not None:
                         await producer.send(EVALS, evaluated, str(version))

@@ -161,6 +161,9 @@ class Reloader:
                 if (serving := await self._engine_version()) >= event.version:  # another reloader got there
                     self.versions.changed(serving)
                     return
+                if await self._is_held(serving):  # an evaluation began while this reload was starting
+                    self._later(1.0)
+                    return
                 await self.engine.update_weights_from_disk(event.path, str(event.version))
             except EngineError as exc:
                 # A failed answer can still mean loaded (SGLang answers 400 when only its cache flush failed).
