@@ -421,17 +421,20 @@ def version_number(version: Any) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def served_version(data: dict[str, Any]) -> int | None:
-    """The oldest weight version that produced a non-streamed response: ``metadata.weight_versions`` spans say which
-    version made which tokens when a reload landed mid-generation; a turn is never labelled newer than its oldest
-    token. None when the engine said nothing."""
+def weight_versions(data: dict[str, Any]) -> set[int]:
+    """Every weight version that made a token of a non-streamed response (``metadata.weight_versions`` spans when a
+    reload landed mid-generation, else its one ``weight_version``); empty when the engine said nothing."""
     meta = data.get("metadata") or {}
-    spans = meta.get("weight_versions")
-    if spans:
-        return min(version_number(span.get("version")) for span in spans)
-    if meta.get("weight_version") is not None:
-        return version_number(meta["weight_version"])
-    return None
+    spans = meta.get("weight_versions") or (
+        [{"version": meta["weight_version"]}] if meta.get("weight_version") is not None else []
+    )
+    return {version_number(span.get("version")) for span in spans}
+
+
+def served_version(data: dict[str, Any]) -> int | None:
+    """The oldest weight version that produced a non-streamed response: a turn is never labelled newer than its
+    oldest token. None when the engine said nothing."""
+    return min(weight_versions(data), default=None)
 
 
 def parse_chat_result(data: dict[str, Any]) -> ChatResult:

@@ -19,7 +19,6 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
@@ -29,7 +28,7 @@ from schemas import EvalAnswer, EvalResult
 from schemas.topics import EVALS
 from services.bus import EventProducer, read_topic
 from services.config import Config, RedisConfig
-from services.engine_client import EngineClient, EngineError, close_engine_pool, version_number
+from services.engine_client import EngineClient, EngineError, close_engine_pool, weight_versions
 from services.eval.heldout import judged, question_set_id, result
 from services.metrics import serve_metrics
 from services.personas import Persona, by_name, heldout_questions
@@ -48,16 +47,6 @@ DISCARDED = Counter("turnstream_eval_discarded_total", "Evaluations discarded", 
 SECONDS = Histogram(
     "turnstream_eval_seconds", "One version's held-out evaluation", buckets=(1, 5, 15, 30, 60, 120, 300, 900)
 )
-
-
-def produced_by(data: dict[str, Any]) -> set[int]:
-    """Every weight version that made a token of a non-streamed response (SGLang's ``weight_versions`` spans when
-    a reload landed mid-generation, else its one ``weight_version``); empty when the engine said nothing."""
-    meta = data.get("metadata") or {}
-    spans = meta.get("weight_versions") or (
-        [{"version": meta["weight_version"]}] if meta.get("weight_version") is not None else []
-    )
-    return {version_number(span.get("version")) for span in spans}
 
 
 class Evaluator:
@@ -97,7 +86,7 @@ class Evaluator:
         }
         async with self.limit:  # greedy: a retried request gets the same answer
             data = await self.engine.chat_raw(body, idempotent=True)
-        if produced_by(data) != {version}:
+        if weight_versions(data) != {version}:
             return None
         text = str(data["choices"][0]["message"].get("content") or "").strip()
         tokens = int((data.get("usage") or {}).get("completion_tokens", 0))
