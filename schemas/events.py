@@ -450,8 +450,13 @@ class Sample(Event, frozen=True, tag="sample"):
             _fail("weight_version", f"must be >= 0, got {self.weight_version}")
 
 
+WEIGHT_FORMATS = frozenset({"hf-safetensors", "peft-lora"})
+
+
 class WeightsPublished(Event, frozen=True, tag="weights_published"):
-    """A new policy weight version, written as Hugging Face safetensors at ``path``."""
+    """A new policy weight version at ``path``: Hugging Face safetensors (``format`` ``hf-safetensors``: full
+    weights, the engine loads the folder as a model) or a PEFT LoRA adapter for ``base_model`` (``peft-lora``:
+    ``adapter_config.json`` + ``adapter_model.safetensors``, served on the base model)."""
 
     version: int
     path: str
@@ -484,7 +489,7 @@ class WeightsPublished(Event, frozen=True, tag="weights_published"):
             _fail("step", f"must be >= 0, got {self.step}")
         if self.samples_trained < 0:
             _fail("samples_trained", f"must be >= 0, got {self.samples_trained}")
-        _require_in("format", self.format, frozenset({"hf-safetensors"}))
+        _require_in("format", self.format, WEIGHT_FORMATS)
 
 
 class EvalAnswer(msgspec.Struct, frozen=True):

@@ -240,6 +240,34 @@ class DispatcherConfig(_Section):
             raise ValueError(f"mode: {exc}") from None
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The Hugging Face projections an adapter can target (Llama and Qwen3 names; PEFT's ``target_modules``)."""
+
+
+class LoraConfig(_Section):
+    """``trainer.lora``: train LoRA adapters on the frozen policy instead of all its weights (OpenClaw-RL's
+    ``*_lora.sh`` defaults: rank 16, alpha 32, every attention and MLP projection). Environment:
+    ``TURNSTREAM_TRAINER_LORA_<FIELD>``."""
+
+    enabled: bool = False
+    rank: PositiveInt = 16
+    alpha: PositiveFloat = 32.0
+    """The update is scaled by alpha / rank, as PEFT scales it."""
+    dropout: Probability = 0.0
+    """On the adapters' input in training (PEFT's ``lora_dropout``)."""
+    target_modules: list[str] = msgspec.field(default_factory=lambda: list(LORA_TARGETS))
+    publish: Literal["adapter", "merged"] = "adapter"
+    """Each version as a PEFT adapter (megabytes; the engine serves it on the base model) or as full weights with
+    the adapter merged in (for engines without LoRA)."""
+    seed: int = 1234
+    """Seeds the adapters' A matrices (B starts at zero: the first version equals the base model)."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.target_modules) - set(LORA_TARGETS))
+        if unknown or not self.target_modules:
+            raise ValueError(f"target_modules: {unknown or 'empty'}; choose from {', '.join(LORA_TARGETS)}")
+
+
 class TrainerConfig(_Section):
     hf_checkpoint: str = ""
     """The policy's starting Hugging Face folder (OpenClaw's HF_CKPT)."""
@@ -318,6 +346,7 @@ class TrainerConfig(_Section):
     (docs/extending.md); the default applies each sample's mode's formula."""
     loss_terms: list[str] = msgspec.field(default_factory=lambda: ["pg", "entropy", "kl", "topk"])
     """Terms summed into the loss: built-in names or ``package.module:function`` (docs/extending.md)."""
+    lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
 
 
 class EvalConfig(_Section):
@@ -442,12 +471,25 @@ OPENCLAW_ALIASES: dict[str, tuple[str, str]] = {
 _NOT_FIELDS = {"CONFIG", "CACHE", "KEEP_SERVICES"}
 
 
-def _field_kinds(section: type[_Section]) -> dict[str, str]:
+def _field_kinds(section: type[msgspec.Struct]) -> dict[str, str]:
     """Field name -> 'list' for list-typed fields (comma-separated in the environment), else 'scalar'."""
     kinds: dict[str, str] = {}
     for f in msgspec.inspect.type_info(section).fields:  # type: ignore[attr-defined]
         kinds[f.name] = "list" if isinstance(f.type, msgspec.inspect.ListType) else "scalar"
     return kinds
+
+
+def _nested(section: type[_Section], field: str, where: str) -> tuple[str, str, dict[str, str]] | None:
+    """(sub-section field, its field, that one's kinds) when ``field`` names a field of a nested section."""
+    for f in msgspec.inspect.type_info(section).fields:  # type: ignore[attr-defined]
+        inner = f.type
+        if isinstance(inner, msgspec.inspect.StructType) and field.startswith(f.name + "_"):
+            sub = field[len(f.name) + 1 :]
+            kinds = _field_kinds(inner.cls)
+            if sub in kinds:
+                return f.name, sub, kinds
+            raise ConfigError(f"{where}: unknown field of {f.name}; known: {', '.join(sorted(kinds))}")
+    return None
 
 
 def _env_value(raw: str, kind: str) -> Any:
@@ -475,6 +517,12 @@ def _from_env(env: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], dict[s
         if section not in SECTIONS or not field:
             continue
         kinds = _field_kinds(SECTIONS[section])
+        nested = _nested(SECTIONS[section], field, f"{section}.{field} (${var})")
+        if nested is not None:  # TURNSTREAM_TRAINER_LORA_RANK -> trainer.lora.rank
+            name, sub, sub_kinds = nested
+            data.setdefault(section, {}).setdefault(name, {})[sub] = _env_value(raw, sub_kinds[sub])
+            source[f"{section}.{name}.{sub}"] = f"${var}"
+            continue
         if field not in kinds:
             raise ConfigError(f"{section}.{field} (${var}): unknown field; known: {', '.join(sorted(kinds))}")
         data.setdefault(section, {})[field] = _env_value(raw, kinds[field])

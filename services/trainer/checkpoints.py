@@ -39,6 +39,20 @@ _COPY = (
 )
 
 
+class VersionFiles(msgspec.Struct, frozen=True):
+    """What a version folder holds: its format (``WeightsPublished.format``), the file its tensors go to, files
+    written beside it, and whether the base model's config and tokenizer files are copied in (full weights: the
+    engine loads the folder as a model; an adapter folder is PEFT's, read with the base model beside it)."""
+
+    format: str = "hf-safetensors"
+    weights_file: str = "model.safetensors"
+    extra: dict[str, bytes] = msgspec.field(default_factory=dict)
+    copy_base: bool = True
+
+
+FULL_WEIGHTS = VersionFiles()
+
+
 class CheckpointMeta(msgspec.Struct):
     version: int
     step: int
@@ -85,6 +99,7 @@ class TrainerStore:
         entries: Sequence[Entry],
         tensors: Iterable[tuple[str, torch.Tensor]],
         base: str | Path,
+        files: VersionFiles = FULL_WEIGHTS,
     ) -> tuple[Path, str]:
         """Write ``versions/v<version>`` atomically, one tensor at a time as ``tensors`` yields them (in
         ``entries``' order); returns (path, sha256 of the weights file, computed while writing)."""
@@ -92,14 +107,18 @@ class TrainerStore:
         tmp = self.versions / f".v{version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        with StreamWriter(tmp / "model.safetensors", entries) as writer:
+        with StreamWriter(tmp / files.weights_file, entries) as writer:
             for name, tensor in tensors:
                 writer.write(name, tensor)
-        for name in _COPY:
+        for name, data in files.extra.items():
+            (tmp / name).write_bytes(data)
+        for name in _COPY if files.copy_base else ():
             src = Path(base) / name
             if src.exists():
                 shutil.copyfile(src, tmp / name)
-                with open(tmp / name, "rb") as fh:
+        for written in tmp.iterdir():
+            if written.name != files.weights_file:  # the stream writer syncs its own file
+                with open(written, "rb") as fh:
                     os.fsync(fh.fileno())
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from services.trainer.collective import transfer_group
+from services.trainer.lora import is_adapter_name
 from services.trainer.model import hf_shapes, hf_to_megatron, local_spec_name, megatron_to_hf
 from services.trainer.parallel import ParallelLayout, join, shard, stage_layers
 from services.trainer.safetensors_stream import Entry
@@ -38,7 +39,7 @@ def _groups(spec: ModelSpec) -> list[list[str]]:
     return groups
 
 
-def _owner(spec: ModelSpec, lay: ParallelLayout, name: str) -> tuple[int, str]:
+def owner(spec: ModelSpec, lay: ParallelLayout, name: str) -> tuple[int, str]:
     """(pipeline stage, name on that stage's ranks) of a global Megatron name."""
     if name.startswith("decoder.layers."):
         index, rest = name[len("decoder.layers.") :].split(".", 1)
@@ -50,7 +51,7 @@ def _owner(spec: ModelSpec, lay: ParallelLayout, name: str) -> tuple[int, str]:
     return (0 if name == "embedding.word_embeddings.weight" else lay.pp - 1), name
 
 
-def _rank(lay: ParallelLayout, tp_rank: int, stage: int) -> int:
+def replica_rank(lay: ParallelLayout, tp_rank: int, stage: int) -> int:
     return tp_rank + lay.tp * lay.dp * stage  # data-parallel replica 0
 
 
@@ -73,10 +74,10 @@ def hf_stream(
     for group in _groups(spec):
         full: dict[str, Tensor] = {}
         for name in group:
-            stage, local_name = _owner(spec, lay, name)
+            stage, local_name = owner(spec, lay, name)
             parts: list[Tensor] = []
             for tp_rank in range(lay.tp):
-                src = _rank(lay, tp_rank, stage)
+                src = replica_rank(lay, tp_rank, stage)
                 if lay.rank == src == 0:
                     parts.append(local[local_name].detach().to("cpu", dtype))
                 elif lay.rank == src:
@@ -103,12 +104,16 @@ def _shard_shapes(spec: ModelSpec, lay: ParallelLayout) -> dict[tuple[int, int],
     out: dict[tuple[int, int], dict[str, tuple[int, ...]]] = {}
     for stage in range(lay.pp):
         for tp_rank in range(lay.tp):
-            owner = ParallelLayout(lay.world_size, _rank(lay, tp_rank, stage), 0, lay.tp, lay.pp)
-            out[tp_rank, stage] = {k: tuple(v.shape) for k, v in shard(full, spec, owner).items()}
+            holder = ParallelLayout(lay.world_size, replica_rank(lay, tp_rank, stage), 0, lay.tp, lay.pp)
+            out[tp_rank, stage] = {k: tuple(v.shape) for k, v in shard(full, spec, holder).items()}
     return out
 
 
 def local_parameters(module: Any) -> dict[str, Tensor]:
-    """This rank's parameters by local name under the local layer spec (references, not copies; no Megatron
-    extra state)."""
-    return {local_spec_name(k): v for k, v in module.state_dict().items() if not k.endswith("._extra_state")}
+    """This rank's parameters of the base model by local name under the local layer spec (references, not copies;
+    no Megatron extra state, no LoRA adapter)."""
+    return {
+        local_spec_name(k): v
+        for k, v in module.state_dict().items()
+        if not k.endswith("._extra_state") and not is_adapter_name(k)
+    }

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from services.trainer.lora import is_adapter_name
 from services.trainer.model import hf_shapes, local_spec_name
 from services.trainer.parallel import ParallelLayout, stage_layers
 from services.trainer.spec import ModelSpec, padded_vocab
@@ -151,7 +152,7 @@ def load_hf_into(
     state = model.state_dict()
     with torch.no_grad():
         for name, param in state.items():
-            if name.endswith("._extra_state"):
+            if name.endswith("._extra_state") or is_adapter_name(name):
                 continue
             tensor = local_tensor(spec, lay, local_spec_name(name), source)
             if param.shape != tensor.shape:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from schemas import Sample
-from services.config import TrainerConfig
-from services.trainer.checkpoints import snapshot
+from services.config import LoraConfig, TrainerConfig
+from services.trainer.checkpoints import FULL_WEIGHTS, VersionFiles, snapshot
 from services.trainer.cpu_shim import cpu_allocations
 from services.trainer.export import hf_entries, hf_stream, local_parameters
 from services.trainer.hf_load import load_hf_into, safetensors_source
@@ -114,6 +114,11 @@ class Policy:
         dtype = dtype_for(config.precision)
         check_memory(spec, config, layout, dtype)
         module = _load(spec, path, dtype, layout, config.recompute, config.layer_spec)
+        if config.lora.enabled:  # before DDP and the optimizer: they take only what requires a gradient
+            from services.trainer.lora import attach
+
+            count = attach(module, spec, layout, config.lora, dtype)
+            log.info("lora adapters", extra={"parameters": count, "rank": config.lora.rank})
         reference = None
         if config.kl_coef > 0:
             ref_path = config.reference_checkpoint or path
@@ -179,14 +184,43 @@ class Policy:
             vocab=self.vocab,
         )
 
+    @property
+    def lora(self) -> LoraConfig | None:
+        return self.config.lora if self.config.lora.enabled else None
+
     def entries(self) -> list[Entry]:
-        """Name, dtype and shape of every exported Hugging Face tensor, in ``hf_stream`` order."""
+        """Name, dtype and shape of every published tensor, in ``hf_stream`` order."""
+        if self.lora and self.lora.publish == "adapter":
+            from services.trainer.lora_export import adapter_entries
+
+            return adapter_entries(self.spec, self.lora, self.dtype)
         return hf_entries(self.spec, self.dtype)
 
     def hf_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The model as Hugging Face tensors in the model's dtype, one at a time, on rank 0 (a collective: every
-        rank iterates it; the others get nothing)."""
-        return hf_stream(self.spec, self.layout, local_parameters(self.module), self.dtype)
+        """The published version's tensors in the model's dtype, one at a time, on rank 0 (a collective: every
+        rank iterates it; the others get nothing): the Hugging Face weights, or with LoRA the adapter (PEFT
+        names) or the weights with the adapter merged in."""
+        base = hf_stream(self.spec, self.layout, local_parameters(self.module), self.dtype)
+        if not self.lora:
+            return base
+        from services.trainer.lora import adapter_state
+        from services.trainer.lora_export import adapter_stream, merged_stream
+
+        adapter = adapter_stream(self.spec, self.layout, adapter_state(self.module), self.lora, self.dtype)
+        return adapter if self.lora.publish == "adapter" else merged_stream(base, adapter, self.lora)
+
+    def version_files(self) -> VersionFiles:
+        """How a published version's folder is laid out (full weights, or a PEFT adapter)."""
+        if not self.lora or self.lora.publish == "merged":
+            return FULL_WEIGHTS
+        from services.trainer.lora_export import ADAPTER_FILE, CONFIG_FILE, adapter_config_bytes
+
+        return VersionFiles(
+            format="peft-lora",
+            weights_file=ADAPTER_FILE,
+            extra={CONFIG_FILE: adapter_config_bytes(self.lora, self.config.hf_checkpoint)},
+            copy_base=False,
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -201,9 +235,18 @@ class Policy:
 
     def state(self) -> tuple[dict[str, Any], Any]:
         """This rank's model and optimizer state, for its checkpoint file: host copies, so that they can be
-        written while the next step changes the live tensors."""
-        return snapshot(self.module.state_dict()), optimizer_state(self.optimizer)
+        written while the next step changes the live tensors. With LoRA, the model's part is the adapters (the
+        frozen base is the starting checkpoint, read again at start)."""
+        from services.trainer.lora import adapter_state
+
+        model = adapter_state(self.module) if self.lora else self.module.state_dict()
+        return snapshot(model), optimizer_state(self.optimizer)
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
+        if self.lora:
+            from services.trainer.lora import load_adapter_state
+
+            load_adapter_state(self.module, state["model"])
+        else:
+            self.module.load_state_dict(state["model"])
         load_optimizer_state(self.optimizer, state["optimizer"])

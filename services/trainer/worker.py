@@ -39,7 +39,13 @@ from services.bus import (
 )
 from services.config import Config, KafkaConfig
 from services.metrics import serve_metrics
-from services.trainer.checkpoints import BackgroundWriter, CheckpointMeta, StepRecord, TrainerStore
+from services.trainer.checkpoints import (
+    BackgroundWriter,
+    CheckpointMeta,
+    StepRecord,
+    TrainerStore,
+    VersionFiles,
+)
 from services.trainer.collective import barrier, broadcast
 from services.trainer.parallel import ParallelLayout
 from services.trainer.safetensors_stream import Entry
@@ -82,6 +88,8 @@ class TrainablePolicy(Protocol):
     def entries(self) -> list[Entry]: ...
 
     def hf_stream(self) -> Iterator[tuple[str, Tensor]]: ...
+
+    def version_files(self) -> VersionFiles: ...
 
     def state(self) -> tuple[dict[str, Any], Any]: ...
 
@@ -159,6 +167,7 @@ class TrainerLoop:
         self.since_checkpoint = 0
         self.checkpointed_at = time.monotonic()
         self.writer = BackgroundWriter()
+        self.format = policy.version_files().format
 
     def resume(self) -> bool:
         """Load the newest full checkpoint and queue the recorded steps after it for replay."""
@@ -226,7 +235,7 @@ class TrainerLoop:
         state moves only once both are written: a failure before leaves it at the last recorded step."""
         version = self.version + 1
         path, digest = self.store.write_version(
-            version, self.policy.entries(), self.policy.hf_stream(), self.base
+            version, self.policy.entries(), self.policy.hf_stream(), self.base, self.policy.version_files()
         )
         self.store.write_step(
             StepRecord(
@@ -295,6 +304,7 @@ class TrainerLoop:
             step=self.step,
             created_at=time.time(),
             samples_trained=self.samples_trained,
+            format=self.format,
             sha256=digest,
         )
 
@@ -311,6 +321,7 @@ class TrainerLoop:
             step=newest.version if newest else self.step,
             created_at=time.time(),
             samples_trained=newest.samples_trained if newest else self.samples_trained,
+            format=self.format,
         )
 
 

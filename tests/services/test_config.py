@@ -206,3 +206,19 @@ def test_the_top_k_recipe_is_a_mode_with_openclaws_settings() -> None:
         4,
     )
     assert (c.teacher.top_k, c.judge.m, c.judge.max_tokens) == (50, 3, 8192)
+
+
+def test_lora_settings_from_a_file_and_the_environment(tmp_path: Path) -> None:
+    """``trainer.lora`` is a nested section: ``[trainer.lora]`` in TOML, ``TURNSTREAM_TRAINER_LORA_<FIELD>`` in the
+    environment (later wins); unknown fields and projections are refused by name."""
+    path = tmp_path / "t.toml"
+    path.write_text('[trainer.lora]\nenabled = true\nrank = 8\ntarget_modules = ["q_proj", "v_proj"]\n')
+    cfg = load_config(path, env={"TURNSTREAM_TRAINER_LORA_RANK": "32", "TURNSTREAM_TRAINER_LORA_PUBLISH": "merged"})
+    assert (cfg.trainer.lora.enabled, cfg.trainer.lora.rank, cfg.trainer.lora.alpha) == (True, 32, 32.0)
+    assert (cfg.trainer.lora.target_modules, cfg.trainer.lora.publish) == (["q_proj", "v_proj"], "merged")
+    env = {"TURNSTREAM_TRAINER_LORA_TARGET_MODULES": "q_proj, qkv_proj"}
+    with pytest.raises(ConfigError, match=r"trainer.lora.*\['qkv_proj'\]"):
+        load_config(env=env)
+    with pytest.raises(ConfigError, match=r"TURNSTREAM_TRAINER_LORA_RANKK.*unknown field of lora"):
+        load_config(env={"TURNSTREAM_TRAINER_LORA_RANKK": "8"})
+    assert load_config(env={}).trainer.lora.enabled is False

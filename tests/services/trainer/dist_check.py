@@ -16,7 +16,7 @@ import msgspec
 import torch
 
 from schemas import Sample
-from services.config import TrainerConfig
+from services.config import LoraConfig, TrainerConfig
 from services.trainer.model import shutdown_parallel
 from services.trainer.parallel import ParallelLayout
 
@@ -55,8 +55,9 @@ def samples() -> list[Sample]:
     return out
 
 
-def config(tp: int, pp: int, distributed_optimizer: bool = True) -> TrainerConfig:
+def config(tp: int, pp: int, distributed_optimizer: bool = True, lora: bool = False) -> TrainerConfig:
     return TrainerConfig(
+        lora=LoraConfig(enabled=lora, rank=4, alpha=8.0),
         distributed_optimizer=distributed_optimizer,
         lr=1e-4,
         rollout_batch_size=4,
@@ -97,6 +98,8 @@ def _unshard_reference(policy: Any) -> dict[str, torch.Tensor]:
     from services.trainer.parallel import unshard
 
     lay = policy.layout
+    if policy.lora:
+        return _gathered_adapter(policy)
     local = {k: v.detach().cpu() for k, v in local_parameters(policy.module).items()}
     if not lay.distributed:
         return megatron_to_hf(policy.spec, local)
@@ -111,8 +114,54 @@ def _unshard_reference(policy: Any) -> dict[str, torch.Tensor]:
     return megatron_to_hf(policy.spec, unshard(parts, policy.spec, lay.tp, lay.pp))
 
 
+def _gathered_adapter(policy: Any) -> dict[str, torch.Tensor]:
+    """The adapter pickled to rank 0 and joined by hand (B of a column-parallel layer by rows, A of a row-parallel
+    one by columns, the rest whole), under PEFT's names: the streamed export must equal it bit for bit."""
+    from services.trainer.lora import adapter_state
+    from services.trainer.parallel import stage_layers
+
+    lay = policy.layout
+    first = stage_layers(policy.spec.num_layers, lay.pp, lay.pp_rank).start
+    local = {}
+    for name, t in adapter_state(policy.module).items():
+        _, _, index, rest = name.split(".", 3)  # decoder.layers.<i>.<path>.lora.pairs.<proj>.<A|B>
+        local[f"{first + int(index)}.{rest}"] = t.detach().cpu()
+    if lay.distributed:
+        import torch.distributed as dist
+
+        gathered: list[Any] | None = [None] * lay.world_size if lay.rank == 0 else None
+        dist.gather_object((lay.tp_rank, local) if lay.dp_rank == 0 else None, gathered, dst=0)
+        if gathered is None:
+            return {}
+        parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        for item in gathered:
+            if item is not None:
+                for k, t in item[1].items():
+                    parts.setdefault(k, []).append((item[0], t))
+    else:
+        parts = {k: [(0, t)] for k, t in local.items()}
+    out = {}
+    for key, shards in parts.items():
+        layer, path = key.split(".", 1)
+        proj, which = path.split(".")[-2:]
+        row = proj in ("o_proj", "down_proj")
+        ordered = [t for _, t in sorted(shards, key=lambda p: p[0])]
+        split = (row and which == "A") or (not row and which == "B")
+        joined = torch.cat(ordered, dim=1 if row else 0) if split else ordered[0]
+        module = ("self_attn." if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp.") + proj
+        out[f"base_model.model.model.layers.{layer}.{module}.lora_{which}.weight"] = joined
+    from services.trainer.lora_export import adapter_tensors
+
+    return {peft: out[peft] for _, peft, _ in adapter_tensors(policy.spec, policy.lora)}
+
+
 def run(
-    model: str, tp: int, pp: int, layout: ParallelLayout | None = None, distributed_optimizer: bool = True
+    model: str,
+    tp: int,
+    pp: int,
+    layout: ParallelLayout | None = None,
+    distributed_optimizer: bool = True,
+    lora: bool = False,
 ) -> dict[str, Any]:
     """``STEPS`` steps, then one more from this rank's saved state in a freshly built policy: a resume must
     give the step the running policy takes (``resumed_weights``)."""
@@ -120,7 +169,7 @@ def run(
     from services.trainer.step import plan, reference_logprobs
 
     torch.manual_seed(0)
-    settings = config(tp, pp, distributed_optimizer)
+    settings = config(tp, pp, distributed_optimizer, lora)
     policy = Policy.from_hf(model, settings, layout)
     batch = samples()
     micro = plan(batch, 10_000, policy.settings, fixed=policy.layout.pp > 1)
@@ -147,9 +196,10 @@ def run(
 
 def main() -> None:
     model, tp, pp, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    lora = sys.argv[5:] == ["lora"]
     torch.set_num_threads(1)
     layout = ParallelLayout.from_env(tp, pp)
-    result = run(model, tp, pp, layout)
+    result = run(model, tp, pp, layout, lora=lora)
     lay = result["layout"]
     if lay.rank == 0:
         torch.save(

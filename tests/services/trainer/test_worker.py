@@ -197,6 +197,11 @@ def test_a_failed_publish_leaves_the_loop_at_its_last_recorded_step(tmp_path: Pa
         def hf_stream(self):  # type: ignore[no-untyped-def]
             yield "b", torch.zeros(2)
 
+        def version_files(self):  # type: ignore[no-untyped-def]
+            from services.trainer.checkpoints import FULL_WEIGHTS
+
+            return FULL_WEIGHTS
+
     cfg = Config(trainer=TrainerConfig(hf_checkpoint=str(tmp_path)))
     store = TrainerStore(tmp_path / "weights")
     loop = TrainerLoop(cfg, Failing(), store, str(tmp_path))  # type: ignore[arg-type]
