@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--print-command", action="store_true", help="print the SGLang command and environment, start nothing"
     )
+    engine.add_argument(
+        "--lora",
+        action="store_true",
+        help="serve LoRA adapters on the model (rank and target modules: trainer.lora); default: on when"
+        " trainer.lora is (TURNSTREAM_TRAINER_LORA_ENABLED)",
+    )
     engine.add_argument("sglang_args", nargs="*", help="further SGLang flags, after --")
 
     proxy = sub.add_parser(
@@ -83,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--simulate", type=int, metavar="N", help="also drive N simulated users (default: run.simulate, 0)"
+    )
+    run.add_argument(
+        "--lora",
+        action="store_true",
+        default=None,
+        help="train LoRA adapters (trainer.lora) and serve them from one engine that also answers the judge and"
+        " the teacher",
     )
     run.add_argument(
         "--until-version",
@@ -272,6 +285,7 @@ def _engine(args: argparse.Namespace) -> int:
     from services.engine.launch import EngineOptions, exec_sglang, sglang_command
     from services.model_store import fetch_smollm2
 
+    lora = load_config(args.config).trainer.lora
     opts = EngineOptions(
         model=args.model or str(fetch_smollm2()),
         host=args.host,
@@ -284,6 +298,8 @@ def _engine(args: argparse.Namespace) -> int:
         threads=args.threads,
         max_total_tokens=args.max_total_tokens,
         device=args.device,
+        lora_rank=lora.rank if args.lora or lora.enabled else None,
+        lora_targets=tuple(lora.target_modules),
         extra=tuple(args.sglang_args),
     )
     try:
@@ -438,6 +454,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "until_version": args.until_version,
                 },
             )
+            if args.lora:
+                config = _override(
+                    config, "trainer", {"lora": {**msgspec.to_builtins(config.trainer.lora), "enabled": True}}
+                )
         except ConfigError as exc:
             print(f"turnstream run: {exc}", file=sys.stderr)
             return 2

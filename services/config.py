@@ -438,6 +438,13 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     plugins: PluginsConfig = msgspec.field(default_factory=PluginsConfig)
 
+    @property
+    def lora_adapters(self) -> bool:
+        """The policy engine serves the base model plus one LoRA adapter per version (``trainer.lora`` on, published
+        as adapters): the proxy's reloader loads each with ``/load_lora_adapter`` and routes the policy's requests
+        to the newest; eval asks it; requests that name no adapter (the judge's, the teacher's) get the base."""
+        return self.trainer.lora.enabled and self.trainer.lora.publish == "adapter"
+
     def __post_init__(self) -> None:
         spec = mode_spec(self.dispatcher.mode)
         if spec.needs_eval and not spec.needs_hint and not self.judge.eval_mode:

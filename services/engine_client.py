@@ -146,6 +146,8 @@ def _error_text(raw: bytes) -> str:
             return str(body["error"].get("message"))
         if "message" in body:
             return str(body["message"])
+        if body.get("error_message"):  # SGLang's LoRAUpdateOutput
+            return str(body["error_message"])
     return str(body)[:500]
 
 
@@ -278,6 +280,27 @@ class EngineClient:
             raise EngineError(f"weight update to {model_path} failed: {result}")
         return result  # type: ignore[no-any-return]
 
+    # LoRA adapters (an engine started with --enable-lora) ----------------------------------------------------
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """SGLang's ``/load_lora_adapter`` (``LoadLoRAAdapterReqInput``): 400 with ``success: false`` when the name
+        is taken, the path unreadable or the rank above ``--max-lora-rank``."""
+        await self._lora("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """New requests naming the adapter are refused at once; SGLang answers once those in flight are done."""
+        await self._lora("/unload_lora_adapter", {"lora_name": name})
+
+    async def _lora(self, path: str, body: dict[str, Any]) -> None:
+        result = await self._request("POST", path, body, idempotent=False)
+        if not result or not result.get("success", False):
+            raise EngineError(f"{path} {body.get('lora_name')}: {result}", 400)
+
+    async def adapter_versions(self) -> set[int]:
+        """The turnstream versions loaded as adapters (``/v1/models`` lists each with its base as ``parent``)."""
+        found = (adapter_version(str(m.get("id"))) for m in await self.models() if m.get("parent"))
+        return {v for v in found if v is not None}
+
     # /generate -------------------------------------------------------------------------------------------
 
     async def generate(
@@ -315,7 +338,9 @@ class EngineClient:
             input_token_ids=[e[1] for e in in_lps] if in_lps is not None else None,
         )
 
-    async def score(self, prompt_ids: list[int], response_ids: list[int], top_k: int = 0) -> ScoreResult:
+    async def score(
+        self, prompt_ids: list[int], response_ids: list[int], top_k: int = 0, lora_path: str | None = None
+    ) -> ScoreResult:
         """Log-probs of ``response_ids`` given ``prompt_ids`` (prefill only, ``max_new_tokens`` 0).
 
         SGLang leaves the first entry of its input log-prob window unscored (None), so the window starts one
@@ -332,6 +357,8 @@ class EngineClient:
             "logprob_start_len": len(prompt_ids) - 1,
             "top_logprobs_num": top_k,
         }
+        if lora_path:  # a LoRA adapter's log-probs (GenerateReqInput.lora_path); none: the base model's
+            body["lora_path"] = lora_path
         data = await self._request("POST", "/generate", body, idempotent=True)
         meta = data["meta_info"]
         entries = meta["input_token_logprobs"][1:]
@@ -412,6 +439,19 @@ class EngineClient:
             raise EngineError(f"chat stream failed: {exc!r}") from exc
         finally:
             await resp.aclose()
+
+
+ADAPTER_PREFIX = "turnstream-v"
+
+
+def adapter_name(version: int) -> str:
+    """The name a weight version's LoRA adapter is loaded under (what a request's ``lora_path`` names)."""
+    return f"{ADAPTER_PREFIX}{version}"
+
+
+def adapter_version(name: str) -> int | None:
+    rest = name.removeprefix(ADAPTER_PREFIX)
+    return int(rest) if rest != name and rest.isdigit() else None
 
 
 def version_number(version: Any) -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+from services.config import LORA_TARGETS
 from services.launch import ServiceProcess, free_port
 
 __all__ = ["SGLANG_VERSION", "EngineOptions", "EngineProcess", "free_port", "sglang_command"]
@@ -61,6 +62,9 @@ class EngineOptions:
     """KV-cache tokens on the CPU (about 4.5 GB of memory for the whole server with SmolLM2); None on a GPU lets
     SGLang size it from ``--mem-fraction-static``."""
     device: Device = "auto"
+    lora_rank: int | None = None
+    """Serve LoRA adapters up to this rank (``/load_lora_adapter``) on the model; None: no LoRA."""
+    lora_targets: Sequence[str] = LORA_TARGETS
     extra: Sequence[str] = field(default_factory=tuple)
 
 
@@ -108,6 +112,11 @@ def sglang_command(opts: EngineOptions, python: str | None = None) -> tuple[list
         argv += ["--reasoning-parser", opts.reasoning_parser]
     if opts.api_key:
         argv += ["--api-key", opts.api_key]
+    if opts.lora_rank:  # strict: an adapter whose names or shapes do not match is refused, not half applied
+        argv += ["--enable-lora", "--max-lora-rank", str(opts.lora_rank), "--lora-strict-loading"]
+        argv += ["--lora-target-modules", *opts.lora_targets]
+        if cpu:  # the only backend without Triton or CUDA kernels (with standin/sitecustomize.py's unpinning)
+            argv += ["--lora-backend", "torch_native"]
     env = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
     if cpu:
         argv += CPU_FLAGS

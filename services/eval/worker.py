@@ -28,7 +28,7 @@ from schemas import EvalAnswer, EvalResult
 from schemas.topics import EVALS
 from services.bus import EventProducer, read_topic
 from services.config import Config, RedisConfig
-from services.engine_client import EngineClient, EngineError, close_engine_pool, weight_versions
+from services.engine_client import EngineClient, EngineError, adapter_name, close_engine_pool, weight_versions
 from services.eval.heldout import judged, question_set_id, result
 from services.metrics import serve_metrics
 from services.personas import Persona, by_name, heldout_questions
@@ -57,8 +57,12 @@ class Evaluator:
         questions: list[str],
         max_tokens: int,
         concurrency: int,
+        adapters: bool = False,
     ) -> None:
         self.engine = engine
+        self.adapters = adapters
+        """Versions are LoRA adapters on the engine's base (``Config.lora_adapters``): the newest loaded one is
+        the served version, and answers name it."""
         self.personas = personas
         self.questions = questions
         self.max_tokens = max_tokens
@@ -74,7 +78,14 @@ class Evaluator:
         version = str(info.get("weight_version", ""))
         if not version.isdigit():
             return None
-        return int(version), str(info.get("served_model_name") or info.get("model_path") or "default")
+        model = str(info.get("served_model_name") or info.get("model_path") or "default")
+        if self.adapters:
+            try:
+                return max(await self.engine.adapter_versions(), default=0), model
+            except EngineError as exc:
+                log.warning("engine unavailable", extra={"error": str(exc)})
+                return None
+        return int(version), model
 
     async def answer(self, question: str, version: int, model: str) -> EvalAnswer | None:
         """The greedy answer of ``version`` (None: another version answered)."""
@@ -84,9 +95,12 @@ class Evaluator:
             "max_tokens": self.max_tokens,
             "temperature": 0,
         }
+        if self.adapters and version:
+            body["lora_path"] = adapter_name(version)
         async with self.limit:  # greedy: a retried request gets the same answer
             data = await self.engine.chat_raw(body, idempotent=True)
-        if weight_versions(data) != {version}:
+        # With adapters the engine's own version is the base's (0), and the adapter is the one named.
+        if weight_versions(data) != ({0} if self.adapters else {version}):
             return None
         text = str(data["choices"][0]["message"].get("content") or "").strip()
         tokens = int((data.get("usage") or {}).get("completion_tokens", 0))
@@ -151,7 +165,7 @@ async def run_eval(
     engine = EngineClient(
         ec.engine_url or config.engine.url, api_key=config.engine.api_key, timeout_s=config.engine.timeout_s
     )
-    evaluator = Evaluator(engine, personas, questions, ec.max_tokens, ec.concurrency)
+    evaluator = Evaluator(engine, personas, questions, ec.max_tokens, ec.concurrency, config.lora_adapters)
     stop = stop or asyncio.Event()
     if install_signals:
         loop = asyncio.get_running_loop()

@@ -27,9 +27,11 @@ from services.engine_client import (
     EngineClient,
     EngineError,
     EngineTimeout,
+    adapter_version,
     close_engine_pool,
     version_number,
 )
+from services.proxy.adapters import Adapters
 from services.proxy.additions import client_wants, strip_response, strip_stream_chunk
 from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
 from services.proxy.recorder import TurnRecorder
@@ -82,6 +84,8 @@ class ProxyState:
     retokenize: Any = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     reloader: Any = None
+    adapters: Adapters | None = None
+    """Which LoRA adapter the policy's requests go to (``Config.lora_adapters``); None: the engine's own weights."""
     background: list[asyncio.Task[None]] = field(default_factory=list)
     """The reloader and the version probe: cancelled at shutdown."""
 
@@ -268,8 +272,9 @@ class ChatProxy:
             for key in ("input_ids", "output_ids"):
                 if wants[key]:
                     forward[f"return_{key}_in_sglext"] = True
+        leased = self.route(forward)
         if stream:
-            return await self._stream(request, session, index, body, forward, wants, headers, created)
+            return await self._stream(request, session, index, body, forward, wants, headers, created, leased)
         main = session.turn_type == "main"
         sent = time.perf_counter()
         try:
@@ -279,6 +284,8 @@ class ChatProxy:
                 data = await self.state.engine.chat_raw(forward)
         except EngineError as exc:
             return engine_failure(exc, session.turn_type, "false", headers)
+        finally:
+            self.unroute(leased)
         # How long the engine took, as the proxy saw it (a standard header, shown by browsers and tracers): what a
         # client measures beyond it is the proxy's own time.
         headers["Server-Timing"] = f"engine;dur={1000 * (time.perf_counter() - sent):.2f}"
@@ -296,6 +303,31 @@ class ChatProxy:
             lambda: self.record_response(session, index, forward, data, created),
         )
 
+    def route(self, forward: dict[str, Any]) -> int | None:
+        """Every request through the proxy is the policy's: with adapters, it names the current one (the base
+        while there is none). Returns the leased version, for ``unroute`` once the engine has answered."""
+        adapters = self.state.adapters
+        if adapters is None:
+            return None
+        version, name = adapters.lease()
+        forward.pop("lora_path", None)
+        model = forward.get("model")
+        if isinstance(model, str) and ":" in model:  # SGLang would take "<base>:<adapter>" over lora_path
+            forward["model"] = model.partition(":")[0]
+        if name is not None:
+            forward["lora_path"] = name
+        return version
+
+    def unroute(self, leased: int | None) -> None:
+        if leased is not None and self.state.adapters is not None:
+            self.state.adapters.release(leased)
+
+    def routed_version(self, body: dict[str, Any]) -> int | None:
+        """The version a request went to, when the proxy chose its adapter (None: read it from the engine)."""
+        if self.state.adapters is None:
+            return None
+        return adapter_version(str(body.get("lora_path") or "")) or 0
+
     def record_response(
         self,
         session: SessionInfo,
@@ -310,7 +342,11 @@ class ChatProxy:
             DROPPED.labels("bad_engine_response").inc()
             log.warning("engine response not understood; turn not recorded", extra={"error": repr(exc)})
             return
-        version = completion.weight_version
+        version = self.routed_version(body)
+        if version is not None:  # the engine reports its base weights' version; the adapter is the policy's
+            completion.weight_version = version
+        else:
+            version = completion.weight_version
         if version is None:
             version = self.state.versions.current
         if modified_logits(body) is None:
@@ -334,12 +370,14 @@ class ChatProxy:
             DROPPED.labels("no_token_ids").inc()
             return
         try:
-            scored = await self.state.engine.score(completion.prompt_token_ids, completion.token_ids)
-        except EngineError as exc:
+            scored = await self.state.engine.score(
+                completion.prompt_token_ids, completion.token_ids, lora_path=body.get("lora_path")
+            )
+        except EngineError as exc:  # with adapters: also the adapter unloaded since (SGLang refuses its name)
             DROPPED.labels("rescore_failed").inc()
             log.warning("re-scoring a turn failed; not recorded", extra={"error": str(exc)})
             return
-        if version_number(scored.weight_version) != version:
+        if self.routed_version(body) is None and version_number(scored.weight_version) != version:
             DROPPED.labels("rescore_version_moved").inc()
             return
         completion.logprobs = scored.logprobs
@@ -356,10 +394,12 @@ class ChatProxy:
         wants: dict[str, bool],
         headers: dict[str, str],
         created: float,
+        leased: int | None = None,
     ) -> Response:
         try:
             upstream = await self.state.engine.open_chat_stream(forward)
         except EngineError as exc:
+            self.unroute(leased)
             return engine_failure(exc, session.turn_type, "true", headers)
         main = session.turn_type == "main"
         strip = main and not (wants["logprobs"] and wants["input_ids"] and wants["output_ids"])
@@ -411,6 +451,7 @@ class ChatProxy:
                 yield b"".join(out), True
             finally:
                 await upstream.aclose()
+                self.unroute(leased)
                 REQUESTS.labels(session.turn_type, "true", "200" if complete else "aborted").inc()
                 _LATENCY[True].observe(time.time() - created)
                 if main:
@@ -432,8 +473,9 @@ class ChatProxy:
         created: float,
         epoch: int,
     ) -> None:
+        routed = self.routed_version(body)
         try:
-            version = await self.state.versions.label(epoch)
+            version = routed if routed is not None else await self.state.versions.label(epoch)
         except asyncio.CancelledError:  # shutting down: the oldest version known so far, never a newer one
             version = self.state.versions.oldest_since(epoch)
         if modified_logits(body) is None:
@@ -518,6 +560,11 @@ async def build_state(config: Config) -> ProxyState:
     with contextlib.suppress(EngineError, KeyError, ValueError):
         info = await engine.model_info()
     state.versions = ServedVersions(version_number(info.get("weight_version")))
+    if config.lora_adapters:  # a restarted proxy finds the adapters the engine already has
+        state.adapters = Adapters()
+        with contextlib.suppress(EngineError, KeyError, ValueError):
+            state.adapters.serve(max(await engine.adapter_versions(), default=0))
+        state.versions = ServedVersions(state.adapters.current)
     state.sampling = resolve_sampling_defaults(pc.sampling_defaults, info)
     if info and not (info.get("tool_call_parser") or info.get("reasoning_parser")):
         log.warning(
@@ -538,12 +585,16 @@ async def build_state(config: Config) -> ProxyState:
             key = config.redis.eval_hold_key(version).encode()
             return int(await turn_numbers.redis.send(command(b"PTTL", key))) > 0
 
-        state.reloader = Reloader(config.kafka, loader, root, state.versions, held=held)
+        state.reloader = Reloader(
+            config.kafka, loader, root, state.versions, held=held, adapters=state.adapters
+        )
         state.background.append(asyncio.create_task(state.reloader.run()))
     on_change = state.reloader.engine_changed if state.reloader is not None else None
     probe_client = EngineClient(config.engine.url, api_key=config.engine.api_key, timeout_s=10.0, retries=0)
 
     async def probe() -> int:
+        if state.adapters is not None:  # the newest adapter loaded: 0 after an engine restart lost them
+            return max(await probe_client.adapter_versions(), default=0)
         return version_number((await probe_client.model_info()).get("weight_version"))
 
     state.background.append(

@@ -16,11 +16,18 @@ a reloader that failed or died.
 No version is loaded twice: before pausing and again once paused the reloader reads ``/model_info`` and skips a
 version the engine already serves. After an engine restart (a probe sees the starting weights again; see
 ServedVersions) the newest version is applied again.
+
+With LoRA (``Config.lora_adapters``) a version is a PEFT adapter: it is loaded beside the one before under its own
+name (no pause: SGLang loads an adapter between batches in milliseconds and the base weights never change), new
+requests go to it (``Adapters.serve``), and the older adapter is unloaded once the requests the proxy sent it have
+reached the engine (SGLang finishes the running ones before unloading) and no evaluation holds it. After an engine
+restart the probe finds no adapter: requests go to the base until the newest version is loaded again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -33,7 +40,8 @@ from schemas import WeightsPublished
 from schemas.topics import WEIGHTS
 from services.bus import EventConsumer, Record
 from services.config import KafkaConfig
-from services.engine_client import EngineClient, EngineError, version_number
+from services.engine_client import EngineClient, EngineError, adapter_name, version_number
+from services.proxy.adapters import Adapters
 from services.proxy.versions import ServedVersions
 from services.transport.resp import RedisReplyError
 
@@ -44,6 +52,9 @@ RELOADS = Counter(
 )
 HELD = Counter(
     "turnstream_proxy_reload_held_total", "Versions kept serving a while longer for their held-out evaluation"
+)
+RETIRED = Counter(
+    "turnstream_proxy_adapters_unloaded_total", "Older LoRA adapters unloaded from the engine", ["status"]
 )
 RELOAD_SECONDS = Histogram(
     "turnstream_proxy_weight_reload_seconds",
@@ -71,6 +82,8 @@ class Reloader:
         pause_mode: str = "retract",
         retry_s: float = 5.0,
         held: Callable[[int], Awaitable[bool]] | None = None,
+        adapters: Adapters | None = None,
+        drain_timeout_s: float = 60.0,
     ) -> None:
         self.engine = engine
         self.root = weights_root
@@ -80,6 +93,10 @@ class Reloader:
         self.held = held
         """Whether the served version must stay a while longer (``turnstream eval`` is evaluating it)."""
         self._held_version = -1
+        self.adapters = adapters
+        """Set: versions are LoRA adapters, loaded beside each other and routed to (see the module's text)."""
+        self.drain_timeout_s = drain_timeout_s
+        self._retiring: dict[int, asyncio.Task[None]] = {}
         self.newest: Record[WeightsPublished] | None = None
         """The newest valid version seen on the topic: what the engine should serve."""
         self._lock = asyncio.Lock()
@@ -108,9 +125,21 @@ class Reloader:
                 RELOADS.labels("refused").inc()
                 await self.consumer.dead_letter(rec, f"weights path {rec.event.path} is outside {self.root}")
                 continue
+            if (rec.event.format == "peft-lora") != (self.adapters is not None):
+                RELOADS.labels("refused").inc()
+                await self.consumer.dead_letter(rec, self._format_refusal(rec.event.format))
+                continue
             if self.newest is None or rec.event.version > self.newest.event.version:
                 self.newest = rec
         await self.apply()
+
+    def _format_refusal(self, fmt: str) -> str:
+        if self.adapters is None:
+            return (
+                f"version is a {fmt} adapter but this proxy serves full weights: turn trainer.lora on for the proxy"
+                " too (its engine started with --enable-lora), or publish merged weights (trainer.lora.publish)"
+            )
+        return f"version is {fmt} (full weights) but this proxy serves LoRA adapters (trainer.lora is on)"
 
     def engine_changed(self, version: int) -> None:
         """A probe saw the engine's version change: after a restart it serves the starting weights again."""
@@ -139,6 +168,9 @@ class Reloader:
         async with self._lock:
             rec = self.newest
             if rec is None:
+                return
+            if self.adapters is not None:
+                await self._apply_adapter(rec, self.adapters)
                 return
             event = rec.event
             try:
@@ -195,6 +227,81 @@ class Reloader:
             log.info(
                 "engine serves a new weight version", extra={"version": event.version, "path": event.path}
             )
+
+    async def _apply_adapter(self, rec: Record[WeightsPublished], adapters: Adapters) -> None:
+        event = rec.event
+        try:
+            loaded = await self.engine.adapter_versions()
+        except EngineError as exc:
+            log.warning("engine unreachable; version %s waits", event.version, extra={"error": str(exc)})
+            return
+        newest = max(loaded, default=0)
+        if adapters.current not in loaded | {0}:  # the engine restarted and lost it: the base until reloaded
+            adapters.serve(newest)
+            self.versions.changed(newest)
+        if newest >= event.version:
+            adapters.serve(newest)
+            self.versions.changed(newest)
+            self._retire(loaded - {newest}, adapters)
+            return
+        if await self._is_held(adapters.current):
+            self._later(1.0)
+            return
+        began = asyncio.get_running_loop().time()
+        try:
+            await self.engine.load_lora_adapter(adapter_name(event.version), event.path)
+        except EngineError as exc:
+            with contextlib.suppress(EngineError):  # "already loaded" by another replica is loaded
+                loaded = await self.engine.adapter_versions()
+            if event.version not in loaded:
+                self._failed(rec, exc)
+                if exc.status is not None and 400 <= exc.status < 500:
+                    await self.consumer.dead_letter(
+                        rec, f"engine could not load adapter {event.version}: {exc}"
+                    )
+                    self.newest = None
+                else:
+                    self._later(self.retry_s)
+                return
+        finally:
+            RELOAD_SECONDS.observe(asyncio.get_running_loop().time() - began)
+        adapters.serve(event.version)
+        self.versions.changed(event.version)
+        RELOADS.labels("ok").inc()
+        log.info("engine serves a new adapter", extra={"version": event.version, "path": event.path})
+        self._retire(loaded - {event.version}, adapters)
+
+    def _failed(self, rec: Record[WeightsPublished], exc: EngineError) -> None:
+        RELOADS.labels("failed").inc()
+        log.error(
+            "engine could not load a weight version", extra={"version": rec.event.version, "error": str(exc)}
+        )
+
+    def _retire(self, versions: set[int], adapters: Adapters) -> None:
+        """Unload each older adapter in the background, once it is drained and not held for its evaluation."""
+        for version in versions:
+            if version not in self._retiring:
+                self._retiring[version] = asyncio.create_task(self._unload(version, adapters))
+
+    async def _unload(self, version: int, adapters: Adapters) -> None:
+        try:
+            try:
+                await asyncio.wait_for(adapters.drained(version), self.drain_timeout_s)
+            except (
+                TimeoutError
+            ):  # a lease never released (a client gone before its stream began): SGLang still
+                RETIRED.labels("forced").inc()  # finishes whatever it admitted before unloading
+            while await self._is_held(version):  # its evaluation still asks it
+                await asyncio.sleep(1.0)
+                continue
+            await self.engine.unload_lora_adapter(adapter_name(version))
+            RETIRED.labels("ok").inc()
+            log.info("older adapter unloaded", extra={"version": version})
+        except EngineError as exc:
+            RETIRED.labels("failed").inc()
+            log.warning("could not unload an older adapter", extra={"version": version, "error": str(exc)})
+        finally:
+            self._retiring.pop(version, None)
 
     async def _is_held(self, serving: int) -> bool:
         if self.held is None:

@@ -15,11 +15,15 @@ def plan(
 ) -> list[Service]:
     """The pipeline on one machine: two engines (policy, and a fixed judge/teacher one), then the proxy and the
     workers. ``model`` is the policy's Hugging Face folder (also the teacher's fixed weights and the trainer's
-    start)."""
+    start). With LoRA adapters (``Config.lora_adapters``) one engine serves both: the policy is the base plus
+    the current adapter, the judge and the teacher ask the base (no adapter named)."""
     rc = config.run
     base = ["--config", config_path] if config_path else []
+    one_engine = config.lora_adapters
     engine_url = f"http://127.0.0.1:{rc.engine_port}"
-    teacher_url = f"http://127.0.0.1:{rc.teacher_engine_port}"
+    teacher_url = engine_url if one_engine else f"http://127.0.0.1:{rc.teacher_engine_port}"
+    # What `--lora` set on the command line reaches every service (the file, when there is one, they read too).
+    shared = {"TURNSTREAM_TRAINER_LORA_ENABLED": "true"} if config.trainer.lora.enabled else {}
     metrics = {
         name: rc.metrics_port_base + i
         for i, name in enumerate(("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate", "eval"))
@@ -37,11 +41,11 @@ def plan(
             "--served-model-name",
             served,
         ]
-        return Service(name, base + args, {}, port, "/health", 0)
+        return Service(name, base + args + (["--lora"] if one_engine else []), shared, port, "/health", 0)
 
     def worker(name: str, args: list[str], stage: int = 2, stop_timeout_s: float = 30.0) -> Service:
         port = metrics[name]
-        env = {"TURNSTREAM_METRICS_PORT": str(port)}
+        env = {**shared, "TURNSTREAM_METRICS_PORT": str(port)}
         return Service(name, base + args, env, port, "/metrics", stage, stop_timeout_s)
 
     judge_args = ["judge", "--backend", rc.judge_backend]
@@ -49,11 +53,11 @@ def plan(
         judge_args += ["--engine-url", teacher_url]
     services = [
         engine("engine", rc.engine_port, "policy"),
-        engine("teacher-engine", rc.teacher_engine_port, "teacher"),
+        *([] if one_engine else [engine("teacher-engine", rc.teacher_engine_port, "teacher")]),
         Service(
             "proxy",
             [*base, "proxy", "--host", "127.0.0.1", "--engine-url", engine_url],
-            {},
+            shared,
             config.proxy.port,
             "/healthz",
             1,
@@ -68,7 +72,7 @@ def plan(
     if mode_spec(config.dispatcher.mode).needs_hint:  # rl scores no hints: no teacher worker
         services.insert(-3, worker("teacher", ["teacher", "--engine-url", teacher_url]))
     if rc.console:  # its tokenizer is the policy's, for the heat map's token texts
-        env = {"TURNSTREAM_CONSOLE_TOKENIZER": model}
+        env = {**shared, "TURNSTREAM_CONSOLE_TOKENIZER": model}
         args = [*base, "console", "--host", "127.0.0.1", "--port", str(config.console.port)]
         services.append(Service("console", args, env, config.console.port, "/healthz", 2))
     if rc.simulate:  # after everything else is up: users arrive once the pipeline can learn from them

@@ -213,7 +213,9 @@ def test_lora_settings_from_a_file_and_the_environment(tmp_path: Path) -> None:
     environment (later wins); unknown fields and projections are refused by name."""
     path = tmp_path / "t.toml"
     path.write_text('[trainer.lora]\nenabled = true\nrank = 8\ntarget_modules = ["q_proj", "v_proj"]\n')
-    cfg = load_config(path, env={"TURNSTREAM_TRAINER_LORA_RANK": "32", "TURNSTREAM_TRAINER_LORA_PUBLISH": "merged"})
+    cfg = load_config(
+        path, env={"TURNSTREAM_TRAINER_LORA_RANK": "32", "TURNSTREAM_TRAINER_LORA_PUBLISH": "merged"}
+    )
     assert (cfg.trainer.lora.enabled, cfg.trainer.lora.rank, cfg.trainer.lora.alpha) == (True, 32, 32.0)
     assert (cfg.trainer.lora.target_modules, cfg.trainer.lora.publish) == (["q_proj", "v_proj"], "merged")
     env = {"TURNSTREAM_TRAINER_LORA_TARGET_MODULES": "q_proj, qkv_proj"}

@@ -71,3 +71,26 @@ async def test_without_any_probe_the_label_is_the_oldest_version_seen_after_the_
     start = versions.epoch
     versions.changed(3)
     assert await versions.label(start, timeout_s=0.1) == 2
+
+
+async def test_an_adapter_drains_when_its_last_lease_ends_and_new_leases_go_to_the_current() -> None:
+    from services.engine_client import adapter_name
+    from services.proxy.adapters import Adapters
+
+    adapters = Adapters()
+    assert adapters.lease() == (0, None)  # no adapter yet: the base model
+    adapters.release(0)
+    adapters.serve(3)
+    v, name = adapters.lease()
+    v2, _ = adapters.lease()
+    assert (v, name, v2) == (3, adapter_name(3), 3)
+    adapters.serve(4)
+    assert adapters.lease() == (4, adapter_name(4))
+    drained = asyncio.create_task(adapters.drained(3))
+    adapters.release(3)
+    await asyncio.sleep(0.01)
+    assert not drained.done()  # one request of version 3 is still on its way
+    adapters.release(3)
+    await asyncio.wait_for(drained, 1)
+    await asyncio.wait_for(adapters.drained(5), 1)  # never leased: drained at once
+    assert adapters.leased(4) == 1

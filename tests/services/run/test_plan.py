@@ -80,3 +80,21 @@ def test_rl_runs_no_teacher_worker() -> None:
 
     names = [s.name for s in plan(load_config(env={"TURNSTREAM_DISPATCHER_MODE": "rl"}), "/m")]
     assert "teacher" not in names and "teacher-engine" in names, "the engine still serves the judge"
+
+
+def test_lora_runs_one_engine_for_the_policy_the_judge_and_the_teacher() -> None:
+    """With adapters the base model answers the judge and the teacher on the policy's engine: one SGLang fewer,
+    and every service knows the versions are adapters."""
+    from services.config import load_config
+
+    config = load_config(
+        env={"TURNSTREAM_TRAINER_LORA_ENABLED": "true", "TURNSTREAM_RUN_JUDGE_BACKEND": "engine"}
+    )
+    by = {s.name: s for s in plan(config, "/m")}
+    assert "teacher-engine" not in by and by["engine"].args[-1] == "--lora"
+    assert by["judge"].args[-1] == by["teacher"].args[-1] == by["proxy"].args[-1] == "http://127.0.0.1:30000"
+    assert all(s.env.get("TURNSTREAM_TRAINER_LORA_ENABLED") == "true" for s in by.values())
+    merged = load_config(
+        env={"TURNSTREAM_TRAINER_LORA_ENABLED": "1", "TURNSTREAM_TRAINER_LORA_PUBLISH": "merged"}
+    )
+    assert "teacher-engine" in {s.name for s in plan(merged, "/m")}, "merged weights: served as full weights"

@@ -5,7 +5,6 @@ the Hugging Face base model (or, merged, what Hugging Face loads alone)."""
 from __future__ import annotations
 
 import json
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 from schemas import Sample
 from services.config import LORA_TARGETS, LoraConfig, TrainerConfig
 from services.trainer.checkpoints import TrainerStore
+from tests.samples import random_rl_samples
 
 warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
 
@@ -30,27 +30,7 @@ def settings(targets: list[str] | None = None, publish: str = "adapter", **over:
 
 
 def batch(n: int = 4) -> list[Sample]:
-    g = torch.Generator().manual_seed(3)
-    out = []
-    for i in range(n):
-        prompt = torch.randint(1, 500, (5 + i,), generator=g).tolist()
-        response = torch.randint(1, 500, (4 + i,), generator=g).tolist()
-        out.append(
-            Sample(
-                sample_id=f"s:{i}",
-                session_id="s",
-                mode="rl",
-                kind="rl",
-                tokens=prompt + response,
-                response_length=len(response),
-                loss_mask=[1] * len(response),
-                rollout_logprobs=[-6.0] * len(response),
-                reward=1.0 if i % 2 else -1.0,
-                weight_version=0,
-                created_at=time.time(),
-            )
-        )
-    return out
+    return random_rl_samples(n, seed=3)
 
 
 TOKENS = torch.tensor([[5, 17, 99, 3, 250, 41, 7, 8], [9, 2, 301, 44, 6, 0, 0, 0]])
