@@ -7,7 +7,10 @@
 #   4. the proxy's reloader has SGLang load it, and the next turn carries version 1;
 #   5. with SMOKE_TRAINER_GPUS=a,b: one step on two GPUs (TP 2 over NCCL, Transformer Engine's layers where the
 #      image has them), its version and both ranks' checkpoint state written; the trainer's log shows its memory
-#      plan at start and the step's peak GPU memory (gpu_peak_gib), to compare with `turnstream trainer plan`.
+#      plan at start and the step's peak GPU memory (gpu_peak_gib), to compare with `turnstream trainer plan`;
+#   6. with SMOKE_LORA=1, the one-GPU LoRA layout (compose.one-gpu.yaml) instead: SGLang with --enable-lora and its
+#      GPU LoRA backend, the trainer's step publishes a PEFT adapter, the reloader loads it beside the base and the
+#      next turn carries its version.
 # It prints PASS/FAIL per check, the time taken, and exits non-zero on any failure. Under 10 minutes once the
 # images are pulled and built. Everything it started is removed at the end (SMOKE_KEEP=1 keeps it).
 #
@@ -15,6 +18,7 @@
 #   SMOKE_MODEL=/data/models/Qwen3-0.6B bash scripts/gpu-smoke.sh   # any HF folder (llama/qwen2/qwen3)
 #   SMOKE_GPU=1 bash scripts/gpu-smoke.sh          # which GPU (default 0): SGLang and the trainer share it
 #   SMOKE_TRAINER_GPUS=0,1 bash scripts/gpu-smoke.sh   # also a two-GPU trainer step (TP 2)
+#   SMOKE_LORA=1 bash scripts/gpu-smoke.sh         # the one-GPU LoRA layout: adapters trained and served
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -34,10 +38,12 @@ fi
 
 project="turnstream-smoke-$$"
 export COMPOSE_PROJECT_NAME="$project" MODELS_DIR="$models" POLICY_MODEL=/models/smoke
-export POLICY_GPUS="${SMOKE_GPU:-0}" TRAINER_GPUS="${SMOKE_GPU:-0}" POLICY_MEM_FRACTION=0.3
+export POLICY_GPUS="${SMOKE_GPU:-0}" TRAINER_GPUS="${SMOKE_GPU:-0}" GPU="${SMOKE_GPU:-0}" POLICY_MEM_FRACTION=0.3
 export POLICY_SGLANG_ARGS="--dtype float32 --max-total-tokens 16384" REASONING_PARSER="${SMOKE_REASONING_PARSER:-qwen3}"
 export TURNSTREAM_NAMESPACE="smoke-$$." ROLLOUT_BATCH_SIZE=2 PROXY_PORT="${SMOKE_PROXY_PORT:-18000}"
-compose() { docker compose -f compose.yaml "$@"; }
+files=(-f compose.yaml)
+[[ -z "${SMOKE_LORA:-}" ]] || files+=(-f compose.one-gpu.yaml)
+compose() { docker compose "${files[@]}" "$@"; }
 cleanup() {
     if [[ -z "${SMOKE_KEEP:-}" ]]; then
         compose down -v --remove-orphans >/dev/null 2>&1 || true

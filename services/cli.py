@@ -192,6 +192,11 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     plan.add_argument(
         "--kl", action="store_true", default=None, help="with the reference model (default: kl_coef > 0)"
     )
+    plan.add_argument(
+        "--lora",
+        action="store_true",
+        help="LoRA adapters (rank, targets: trainer.lora; default: trainer.lora.enabled)",
+    )
     plan.add_argument("--json", action="store_true", help="the plans as JSON")
 
 

@@ -306,3 +306,43 @@ def yaml_load(path: Path) -> Any:
     import yaml
 
     return yaml.safe_load(path.read_text())
+
+
+def test_the_one_gpu_layout_serves_policy_judge_and_teacher_from_one_lora_engine() -> None:
+    """compose.one-gpu.yaml over compose.yaml: no judge/teacher server, its users on the policy server, which serves
+    adapters of the trainer's rank and targets; everything on GPU 0, and the two memory shares fit an H200 with
+    Qwen3-4B by the trainer's memory plan."""
+    from services.trainer.memory import GIB, for_trainer, plan
+    from services.trainer.spec import ModelSpec
+
+    out = resolve("compose.yaml", "compose.one-gpu.yaml")
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)["services"]
+    assert "sglang-teacher" not in s
+    for name in ("judge", "teacher"):
+        assert set(s[name]["depends_on"]) == {"topics", "redis", "sglang-policy"}
+    assert s["judge"]["environment"]["TURNSTREAM_JUDGE_ENGINE_URL"] == "http://sglang-policy:30000"
+    assert s["teacher"]["environment"]["TURNSTREAM_TEACHER_ENGINE_URL"] == "http://sglang-policy:30000"
+    assert gpus(s["sglang-policy"]) == gpus(s["trainer"]) == ["0"]
+    assert s["trainer"]["depends_on"]["sglang-policy"]["condition"] == "service_healthy"
+    configs = {
+        name: load_config(
+            env={k: v for k, v in s[name]["environment"].items() if k.startswith("TURNSTREAM_")}
+        )
+        for name in ("proxy", "eval", "trainer")
+    }
+    assert all(c.lora_adapters for c in configs.values()), "every service that meets a version knows it"
+    lora = configs["trainer"].trainer.lora
+    cmd = s["sglang-policy"]["command"]
+    at = cmd.index("--lora-target-modules")
+    assert cmd[cmd.index("--max-lora-rank") + 1] == str(lora.rank) and "--enable-lora" in cmd
+    assert cmd[at + 1 : at + 1 + len(lora.target_modules)] == lora.target_modules
+    fraction = float(cmd[cmd.index("--mem-fraction-static") + 1])
+    spec = ModelSpec.from_dir(REPO / "tests/services/trainer/configs/qwen3-4b")
+    tc = configs["trainer"].trainer
+    planned = plan(
+        spec, for_trainer(tc, tp=1, pp=1, dp=1, dtype_bytes=2, recompute=tc.recompute, fused_attention=True)
+    )
+    h200 = 141.0
+    assert planned.total / GIB <= tc.gpu_memory_gib, "the trainer's share holds its plan"
+    assert fraction * h200 + tc.gpu_memory_gib <= h200 - 16, "room for the CUDA contexts and the allocator"

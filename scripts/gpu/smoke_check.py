@@ -1,7 +1,8 @@
 """The checks of scripts/gpu-smoke.sh, run inside the turnstream image on the compose network.
 
     python smoke_check.py turns        # main turns recorded exactly; log-probs equal prefill; samples published
-    python smoke_check.py served N     # after the trainer step: SGLang serves version N and the next turn has it
+    python smoke_check.py served N     # after the trainer step: SGLang serves version N (with LoRA: its adapter)
+                                       # and the next turn has it
 
 Every check prints ``PASS <what>`` or ``FAIL <what>: <why>`` and a failure exits 1. Settings come from the
 environment compose gives the turnstream services (TURNSTREAM_KAFKA_*), plus SMOKE_PROXY_URL, SMOKE_ENGINE_URL
@@ -23,6 +24,7 @@ from schemas import Sample, Turn
 from schemas.topics import SAMPLES, TURNS
 from services.bus import EventProducer, read_topic
 from services.config import load_config
+from services.engine_client import adapter_name
 
 PROXY = os.environ.get("SMOKE_PROXY_URL", "http://proxy:8000")
 ENGINE = os.environ.get("SMOKE_ENGINE_URL", "http://sglang-policy:30000")
@@ -124,15 +126,22 @@ async def turns_check() -> None:
 
 
 async def served_check(version: int) -> None:
+    lora = load_config().lora_adapters  # compose.one-gpu.yaml: the version is an adapter beside the base
     async with httpx.AsyncClient(timeout=300) as http:
         deadline = time.monotonic() + 180
-        info: dict[str, Any] = {}
+        info: Any = {}
         while time.monotonic() < deadline:
-            info = (await http.get(ENGINE + "/model_info")).json()
-            if str(info.get("weight_version")) == str(version):
-                break
+            if lora:
+                info = [m["id"] for m in (await http.get(ENGINE + "/v1/models")).json()["data"]]
+                if adapter_name(version) in info:
+                    break
+            else:
+                info = (await http.get(ENGINE + "/model_info")).json()
+                if str(info.get("weight_version")) == str(version):
+                    break
             await asyncio.sleep(1)
-        check(str(info.get("weight_version")) == str(version), f"SGLang serves version {version}", str(info))
+        served = adapter_name(version) in info if lora else str(info.get("weight_version")) == str(version)
+        check(served, f"SGLang serves version {version}{' as a LoRA adapter' if lora else ''}", str(info))
         await chat(
             http, "smoke-after", {"messages": QUESTION, "max_tokens": 8, "temperature": 0, "stream": True}
         )

@@ -21,6 +21,11 @@ The logits cost ``2 w V`` per token (kept for the loss and their gradient) plus 
 ``w``, gradients 4 (reduced in fp32), Adam 8 and, in bf16, the fp32 main copy 4 bytes per parameter; the
 distributed optimizer shards the last two over data-parallel ranks. A fixed reserve covers the CUDA context,
 NCCL buffers and allocator fragmentation.
+
+With LoRA (``trainer.lora``) the base weights are frozen: gradients, Adam and the main copy exist for the adapters
+alone (``rank x (in + out)`` per adapted projection, split as ``lora.py`` splits them), and the adapters' own
+weights are added. Activations are counted as without LoRA: the frozen layer keeps no input for a weight gradient
+and the adapter keeps that input instead; its rank-wide intermediates are a few per cent of one layer's.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class PlanInput(msgspec.Struct, frozen=True):
     softmax statistics. An estimate from the kernels' documented saved state, not measured here (no GPU); the
     GPU smoke script compares it with ``torch.cuda.max_memory_allocated``. False: Megatron's local attention."""
     reserve_gib: float = DEFAULT_RESERVE_GIB
+    lora_rank: int = 0
+    """LoRA adapters of this rank on ``lora_targets`` train instead of the model (0: full fine-tuning)."""
+    lora_targets: tuple[str, ...] = ()
 
 
 class MemoryPlan(msgspec.Struct, frozen=True):
@@ -71,6 +79,8 @@ class MemoryPlan(msgspec.Struct, frozen=True):
     layout: PlanInput
     params: int
     """Parameters on the largest stage's rank."""
+    trainable: int
+    """Of which (or, with LoRA, besides which) trained: what gradients and the optimizer hold."""
     weights: int
     gradients: int
     optimizer: int
@@ -107,7 +117,8 @@ class MemoryPlan(msgspec.Struct, frozen=True):
     def describe(self) -> str:
         lay = self.layout
         head = (
-            f"TP {lay.tp} x PP {lay.pp} x DP {lay.dp}, {lay.micro_batch_tokens} tokens per micro-batch, "
+            (f"LoRA rank {lay.lora_rank}, " if lay.lora_rank else "")
+            + f"TP {lay.tp} x PP {lay.pp} x DP {lay.dp}, {lay.micro_batch_tokens} tokens per micro-batch, "
             f"recompute {lay.recompute}, distributed optimizer {'on' if lay.distributed_optimizer else 'off'}, "
             f"{'bf16' if lay.dtype_bytes == 2 else 'fp32'}"
         )
@@ -121,6 +132,31 @@ def layer_params(spec: ModelSpec, tp: int) -> int:
     mlp = 3 * spec.ffn_hidden_size * h // tp
     norms = 2 * h + (2 * hd if spec.family == "qwen3" else 0)
     return qkv + proj + mlp + norms
+
+
+def lora_layer_params(spec: ModelSpec, tp: int, rank: int, targets: tuple[str, ...]) -> int:
+    """Adapter parameters of one layer on one tensor-parallel rank: A whole and B split under column-parallel
+    projections (q, k, v, gate, up), A split and B whole under row-parallel ones (o, down)."""
+    h, q, kv, f = (
+        spec.hidden_size,
+        spec.num_heads * spec.head_dim,
+        spec.num_kv_heads * spec.head_dim,
+        spec.ffn_hidden_size,
+    )
+    shapes = {  # (out, in, row-parallel)
+        "q_proj": (q, h, False),
+        "k_proj": (kv, h, False),
+        "v_proj": (kv, h, False),
+        "o_proj": (h, q, True),
+        "gate_proj": (f, h, False),
+        "up_proj": (f, h, False),
+        "down_proj": (h, f, True),
+    }
+    total = 0
+    for name in targets:
+        out, inp, row = shapes[name]
+        total += rank * (inp // tp + out) if row else rank * (inp + out // tp)
+    return total
 
 
 def stage_params(spec: ModelSpec, tp: int, pp: int, stage: int) -> int:
@@ -204,6 +240,8 @@ def plan(spec: ModelSpec, lay: PlanInput) -> MemoryPlan:
     """The memory of the rank that needs most."""
     stages = range(lay.pp)
     params = max(stage_params(spec, lay.tp, lay.pp, st) for st in stages)
+    adapters = spec.num_layers // lay.pp * lora_layer_params(spec, lay.tp, lay.lora_rank, lay.lora_targets)
+    trainable = adapters if lay.lora_rank else params
     w = lay.dtype_bytes
     opt_per_param = 8 + (4 if w == 2 else 0)  # Adam's two moments, and the fp32 main weights under bf16
     shard = lay.dp if lay.distributed_optimizer else 1
@@ -222,9 +260,10 @@ def plan(spec: ModelSpec, lay: PlanInput) -> MemoryPlan:
     return MemoryPlan(
         layout=lay,
         params=params,
-        weights=params * w,
-        gradients=params * 4,
-        optimizer=-(-params * opt_per_param // shard),
+        trainable=trainable,
+        weights=(params + adapters) * w,
+        gradients=trainable * 4,
+        optimizer=-(-trainable * opt_per_param // shard),
         reference=params * w if lay.reference else 0,
         activations=activations,
         logits=logits,
@@ -311,4 +350,6 @@ def for_trainer(
         dtype_bytes=dtype_bytes,
         reference=config.kl_coef > 0,
         fused_attention=fused_attention,
+        lora_rank=config.lora.rank if config.lora.enabled else 0,
+        lora_targets=tuple(config.lora.target_modules) if config.lora.enabled else (),
     )

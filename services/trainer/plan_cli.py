@@ -58,6 +58,8 @@ def run_plan(config: Config, args: argparse.Namespace) -> int:
         dtype_bytes=4 if args.fp32 else 2,
         reference=tc.kl_coef > 0 if args.kl is None else args.kl,
         fused_attention=args.attention == "fused",
+        lora_rank=tc.lora.rank if tc.lora.enabled or args.lora else 0,
+        lora_targets=tuple(tc.lora.target_modules) if tc.lora.enabled or args.lora else (),
     )
     gpus, gpu_gib = args.gpus, args.gpu_memory_gib
     asked = args.tp is not None or args.pp is not None
@@ -92,6 +94,7 @@ def run_plan(config: Config, args: argparse.Namespace) -> int:
             f"{path}: {spec.family}, {total_params(spec) / 1e9:.2f} B parameters; {gpus} GPU(s) of "
             f"{gpu_gib:.0f} GiB; {base.micro_batch_tokens} tokens per micro-batch, "
             f"{'fp32' if args.fp32 else 'bf16'}{', reference model' if base.reference else ''}"
+            f"{f', LoRA rank {base.lora_rank}' if base.lora_rank else ''}"
         )
         if chosen is None:
             print("no layout fits: more GPUs, a smaller micro-batch budget, or LoRA")
@@ -112,5 +115,6 @@ def _as_json(p: MemoryPlan | None) -> dict[str, object] | None:
     return {
         "layout": msgspec.to_builtins(p.layout),
         "params_per_gpu": p.params,
+        "trainable_per_gpu": p.trainable,
         "gib": {name: round(gib, 3) for name, gib in p.rows()},
     }

@@ -11,6 +11,7 @@ checked is what the services send and what the stubs answer, not a copy of eithe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -227,6 +228,19 @@ async def exercise_engine(url: str, finish: str, out: Collected) -> None:
     out.facts[f"{group} chat after"] = await client.chat(MAIN_TURN)
     out.add(group, "chat after update", "ChatCompletionResponse", rec.last().json())
     out.facts[f"{group} score after"] = await client.score(prompt, response)
+    # LoRA (the reloader and the proxy with trainer.lora on): the stub serves no adapters, so only the requests are
+    # checked here; tests/services/proxy/test_lora_serving.py runs them against the real server.
+    with contextlib.suppress(EngineError):
+        await client.load_lora_adapter("turnstream-v1", "/tmp/turnstream-weights/v1")
+    out.add("requests", f"{group} load adapter", "LoadLoRAAdapterReqInput", rec.last().request)
+    with contextlib.suppress(EngineError):
+        await client.unload_lora_adapter("turnstream-v1")
+    out.add("requests", f"{group} unload adapter", "UnloadLoRAAdapterReqInput", rec.last().request)
+    with contextlib.suppress(EngineError):
+        await client.score(prompt, response, lora_path="turnstream-v1")
+    out.add("requests", f"{group} score on an adapter", "GenerateReqInput", rec.last().request)
+    routed = {**MAIN_TURN, **EXACT_NON_STREAMED, "lora_path": "turnstream-v1"}  # as ChatProxy.route sends it
+    out.add("requests", f"{group} main turn to an adapter", "ChatCompletionRequest", routed)
     await client._client.aclose()  # type: ignore[union-attr]
 
 

@@ -126,12 +126,14 @@ def _run_trainer(env: dict[str, str], log: Path) -> None:
     assert proc.returncode == 0, log.read_text()[-3000:]
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 async def test_a_restart_replays_the_steps_since_the_last_full_checkpoint_exactly(
-    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path, lora: bool
 ) -> None:
     """Full checkpoints every 3 steps; kill -9 after step 5. The restart loads v3 and replays steps 4 and 5 from
     the samples topic (writing and announcing nothing): the state it reaches is the published v5, bit for bit (a
-    clean stop then checkpoints it); a last start trains step 6. Each sample once, each version announced once."""
+    clean stop then checkpoints it); a last start trains step 6. Each sample once, each version announced once.
+    With LoRA the checkpoint holds the adapters and the version is the PEFT adapter: the same, bit for bit."""
     samples = [make_sample(i) for i in range(24)]
     await publish(kafka, samples[:20])
     env = {
@@ -140,6 +142,7 @@ async def test_a_restart_replays_the_steps_since_the_last_full_checkpoint_exactl
         # in the foreground here, so that the kill after step 5 finds v3 committed (the test above kills
         # background writes too)
         "TURNSTREAM_TRAINER_CHECKPOINT_ASYNC": "false",
+        "TURNSTREAM_TRAINER_LORA_ENABLED": str(lora).lower(),
     }
     out = tmp_path / "weights"
     log_path = tmp_path / "trainer.log"
@@ -171,7 +174,7 @@ async def test_a_restart_replays_the_steps_since_the_last_full_checkpoint_exactl
     store = TrainerStore(out)
     found = store.latest()
     assert found is not None and found[0].version == 3 and store.newest_version() == 5
-    v5 = out / "versions" / "v5" / "model.safetensors"
+    v5 = out / "versions" / "v5" / ("adapter_model.safetensors" if lora else "model.safetensors")
     written = v5.stat().st_mtime_ns
 
     def replayed_then_stopped() -> None:
@@ -185,9 +188,18 @@ async def test_a_restart_replays_the_steps_since_the_last_full_checkpoint_exactl
     assert found is not None and found[0].version == 5, "the clean stop checkpointed the replayed state"
     state = store.load_state(found[1], 0)["model"]
     spec = ModelSpec.from_dir(tiny_llama)
-    replayed = megatron_to_hf(spec, {k: v for k, v in state.items() if not k.endswith("_extra_state")})
     published = read_hf_weights(out / "versions" / "v5")
-    assert any(not torch.equal(published[k], t) for k, t in read_hf_weights(tiny_llama).items())
+    if lora:
+        from services.config import LoraConfig
+        from services.trainer.lora_export import adapter_tensors
+
+        names = adapter_tensors(spec, LoraConfig(enabled=True))
+        assert set(state) == {megatron for megatron, _, _ in names}, "the checkpoint holds the adapters alone"
+        replayed = {peft: state[megatron] for megatron, peft, _ in names}
+        assert any(k.endswith("lora_B.weight") and t.abs().max() > 0 for k, t in published.items())
+    else:
+        replayed = megatron_to_hf(spec, {k: v for k, v in state.items() if not k.endswith("_extra_state")})
+        assert any(not torch.equal(published[k], t) for k, t in read_hf_weights(tiny_llama).items())
     assert replayed.keys() == published.keys()
     for name, w in published.items():
         assert torch.equal(replayed[name], w), name

@@ -151,3 +151,43 @@ def test_lora_state_resumes_exactly_and_refuses_other_adapters(tiny_llama: Path)
     other = Policy.from_hf(tiny_llama, settings(SUBSET))
     with pytest.raises(ValueError, match="differ from the configured ones"):
         other.load_state(saved)
+
+
+def test_under_a_fused_norm_and_linear_the_adapter_reads_the_normalised_input(tiny_llama: Path) -> None:
+    """Transformer Engine's layers (GPUs) fuse the norm into linear_qkv and linear_fc1: their input is the
+    un-normalised hidden state, and the adapter must see what the linear sees, as PEFT's does on the Hugging Face
+    model. A stand-in with TE's ``layer_norm_weight`` checks the hook's arithmetic on the CPU."""
+    import torch.nn.functional as F
+
+    from services.trainer.lora import Adapter, Pair, _hook
+    from services.trainer.spec import ModelSpec
+
+    spec = ModelSpec.from_dir(tiny_llama)
+    h, f, r = spec.hidden_size, spec.ffn_hidden_size, 4
+    g = torch.Generator().manual_seed(1)
+
+    class FusedNormLinear(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(2 * f, h, generator=g))
+            self.layer_norm_weight = torch.nn.Parameter(torch.rand(h, generator=g) + 0.5)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+            return F.rms_norm(x, (h,), self.layer_norm_weight, spec.rms_eps) @ self.weight.t(), None
+
+    layer = FusedNormLinear()
+    pairs = {
+        p: Pair(torch.randn(r, h, generator=g), torch.randn(f, r, generator=g))
+        for p in ("gate_proj", "up_proj")
+    }
+    config = LoraConfig(enabled=True, rank=r, alpha=8.0)
+    layer.lora = Adapter(
+        "column", ("gate_proj", "up_proj"), pairs, {"gate_proj": f, "up_proj": f}, config, spec, 1
+    )
+    layer.register_forward_hook(_hook)
+    x = torch.randn(3, 2, h, generator=g) * 5
+    normed = F.rms_norm(x, (h,), layer.layer_norm_weight, spec.rms_eps)
+    delta = torch.cat([normed @ pairs[p].A.t() @ pairs[p].B.t() for p in ("gate_proj", "up_proj")], dim=-1)
+    with torch.no_grad():
+        got, _ = layer(x)
+        torch.testing.assert_close(got, normed @ layer.weight.t() + 2.0 * delta)
