@@ -94,6 +94,8 @@ class RunningEngine:
 
 
 _early_engine: EngineProcess | None = None
+_early_lora_engine: EngineProcess | None = None
+LORA_ENV = {"TURNSTREAM_TRAINER_LORA_ENABLED": "true"}
 
 
 def _start_engine() -> EngineProcess:
@@ -101,19 +103,28 @@ def _start_engine() -> EngineProcess:
     return EngineProcess(fetch_smollm2(log=False), log=log, wait=False)
 
 
+def _start_lora_engine() -> EngineProcess:
+    log = open(os.path.join(tempfile.gettempdir(), "turnstream-test-lora-engine.log"), "w")
+    return EngineProcess(fetch_smollm2(log=False), "--lora", log=log, env=LORA_ENV, wait=False)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the shared SGLang server as soon as the selected tests are known to need it: its 70-130 s of
-    start-up then overlap the tests that run before the first one that uses it."""
-    global _early_engine
-    if os.environ.get("TURNSTREAM_TEST_ENGINE_URL") or session.config.option.collectonly:
+    """Start the shared SGLang servers as soon as the selected tests are known to need them: their 70-130 s of
+    start-up then overlap the tests that run before the first one that uses them."""
+    global _early_engine, _early_lora_engine
+    if session.config.option.collectonly:
         return
-    if any("engine" in getattr(item, "fixturenames", ()) for item in session.items):
+    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    if "engine" in wanted and not os.environ.get("TURNSTREAM_TEST_ENGINE_URL"):
         _early_engine = _start_engine()
+    if "lora_engine" in wanted:
+        _early_lora_engine = _start_lora_engine()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _early_engine is not None:  # never used (the tests that needed it failed before asking, or were cut)
-        _early_engine.stop()
+    for early in (_early_engine, _early_lora_engine):
+        if early is not None:  # never used (the tests that needed it failed before asking, or were cut)
+            early.stop()
 
 
 @pytest.fixture(scope="session")
@@ -125,6 +136,19 @@ def engine() -> Iterator[EngineProcess | RunningEngine]:
         yield RunningEngine(url)
         return
     proc, _early_engine = _early_engine or _start_engine(), None
+    try:
+        proc.wait_ready(proc.ready_path)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def lora_engine() -> Iterator[EngineProcess]:
+    """A real SGLang server (SmolLM2) started with --enable-lora (``turnstream engine --lora``), for the tests of
+    adapters; started at collection like ``engine``."""
+    global _early_lora_engine
+    proc, _early_lora_engine = _early_lora_engine or _start_lora_engine(), None
     try:
         proc.wait_ready(proc.ready_path)
         yield proc

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 from prometheus_client import Gauge
 
@@ -61,3 +62,18 @@ class Adapters:
             if not self._leases[version]:
                 event.set()
         return event
+
+
+def with_version(response: dict[str, Any], version: int) -> dict[str, Any]:
+    """A non-streamed response as its client should see it: SGLang's ``metadata`` names the base weights' version
+    (its own, unchanged by adapters), the policy's version is the adapter's."""
+    meta = response.get("metadata")
+    if not isinstance(meta, dict):
+        return response
+    spans = meta.get("weight_versions")
+    relabelled = {**meta, "weight_version": str(version)}
+    if isinstance(spans, list):
+        relabelled["weight_versions"] = [
+            {**span, "version": str(version)} for span in spans if isinstance(span, dict)
+        ]
+    return {**response, "metadata": relabelled}

@@ -31,7 +31,7 @@ from services.engine_client import (
     close_engine_pool,
     version_number,
 )
-from services.proxy.adapters import Adapters
+from services.proxy.adapters import Adapters, with_version
 from services.proxy.additions import client_wants, strip_response, strip_stream_chunk
 from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
 from services.proxy.recorder import TurnRecorder
@@ -292,10 +292,14 @@ class ChatProxy:
         _OK[session.turn_type].inc()
         _LATENCY[False].observe(time.time() - created)
         if not main:
+            if leased is not None:  # the engine reports its base's version; the client's is the adapter's
+                raw = _json_encoder.encode(with_version(_json_decoder.decode(raw), leased))
             return Response(raw, media_type="application/json", headers=headers)
         # The client's copy drops what the proxy asked for on its own account; recording needs the original.
         payload = dict(data, choices=[dict(c) for c in data.get("choices") or ()])
         strip_response(payload, wants)
+        if leased is not None:
+            payload = with_version(payload, leased)
         # The turn is built and recorded after the response has gone out: the user never waits for it.
         return ThenRecord(
             _json_encoder.encode(payload),

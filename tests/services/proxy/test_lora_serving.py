@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from services.engine_client import EngineClient, adapter_name
 from services.eval.worker import Evaluator
 from services.personas import by_name
 from services.trainer.checkpoints import TrainerStore
+from tests.conftest import LORA_ENV
 from tests.metrics import scraped
 from tests.samples import random_rl_samples
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
@@ -35,16 +35,6 @@ BODY = {
     "max_tokens": 10,
     "temperature": 0,
 }
-LORA = {"TURNSTREAM_TRAINER_LORA_ENABLED": "true"}
-
-
-@pytest.fixture(scope="module")
-def lora_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    log = open(tmp_path_factory.mktemp("lora-engine") / "engine.log", "w")
-    proc = EngineProcess(smollm2_path, "--lora", log=log, env=LORA)
-    yield proc
-    proc.stop()
-    log.close()
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +107,7 @@ async def test_adapter_versions_are_served_labelled_and_retired(
     proxy = ProxyProcess(
         {
             **proxy_env,
-            **LORA,
+            **LORA_ENV,
             "TURNSTREAM_ENGINE_URL": lora_engine.url,
             "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(trained["root"]),
         }
@@ -132,6 +122,14 @@ async def test_adapter_versions_are_served_labelled_and_retired(
             one = await http.post(chat, json=BODY, headers={"X-Session-Id": "a"})
             assert one.status_code == 200
             assert one.json()["choices"][0]["message"] != base.json()["choices"][0]["message"]
+            # The client sees the policy's version, not the base weights' that SGLang reports.
+            assert (
+                one.json()["metadata"]["weight_version"] == "1"
+                and base.json()["metadata"]["weight_version"] == "0"
+            )
+            assert {s["version"] for s in one.json()["metadata"]["weight_versions"]} == {"1"}
+            side = await http.post(chat, json=BODY, headers={"X-Session-Id": "side", "X-Turn-Type": "side"})
+            assert side.json()["metadata"]["weight_version"] == "1"
             streamed = await http.post(chat, json={**BODY, "stream": True}, headers={"X-Session-Id": "s"})
             assert streamed.status_code == 200 and "[DONE]" in streamed.text
             # The judge's and the teacher's requests name no adapter: the base model answers them.
