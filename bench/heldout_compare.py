@@ -1,8 +1,8 @@
 """Held-out curves of several learning runs side by side (each run's ``<run_dir>/heldout.json``, written by
 ``turnstream run``), one panel per persona; prints per run the first, last, best and mean score after v0 (JSON).
 
-    .venv/bin/python bench/heldout_compare.py full=/tmp/learnB/run/heldout.json lora=/tmp/learnL/run/heldout.json \\
-        --out docs/images/learning-run-lora-vs-full.png
+    .venv/bin/python bench/heldout_compare.py "full, lr 5e-5=bench/learning_runs/full-lr5e-5.json" \\
+        "LoRA, lr 2e-4=bench/learning_runs/lora-r16-lr2e-4.json" --out docs/images/learning-run-lora-vs-full.png
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ same batch, per model: step time, trainable parameters, gradient buffers and Ada
 and the published version's size on disk; then, on SmolLM2, publish -> served: the version written, then loaded
 by one SGLang server started with --enable-lora (an adapter with /load_lora_adapter, full weights with
 /update_weights_from_disk). ``qwen3-1b`` is bench/trainer_export.py's random ~1.1B Qwen3 (fp32 on the CPU: full
-fine-tuning holds ~18 GB there).
+fine-tuning needs ~18 GB and more than a 24 GB machine has free; ``--only lora`` measures LoRA alone).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _held_bytes(obj: object) -> int:
 
 
 def lora_side_by_side(
-    path: Path, samples: list[Sample], steps: int, recompute: str, work: Path
+    path: Path, samples: list[Sample], steps: int, recompute: str, work: Path, modes: tuple[str, ...]
 ) -> dict[str, dict]:
     import gc
 
@@ -116,7 +116,7 @@ def lora_side_by_side(
     from services.trainer.optimizer_state import optimizer_state
 
     out: dict[str, dict] = {}
-    for mode in ("full", "lora"):
+    for mode in modes:
         config = TrainerConfig(recompute=recompute, lora=LoraConfig(enabled=mode == "lora"))
         policy = Policy.from_hf(path, config)
         times = timed(functools.partial(policy.train, samples), steps)
@@ -138,6 +138,8 @@ def lora_side_by_side(
         }
         del policy, params
         gc.collect()
+    if len(out) < 2:
+        return out
     full, lora = out["full"], out["lora"]
     out["ratios_lora_over_full"] = {
         key: round(lora[key] / full[key], 5)
@@ -180,8 +182,9 @@ def lora_main(args: argparse.Namespace) -> None:
             models["qwen3-1b"] = qwen3_1b(work / "qwen3-1b-model")
         samples = make_batch(args.batch, args.prompt, args.response)
         for name, path in models.items():
-            figures = lora_side_by_side(path, samples, args.steps, args.recompute, work / name)
-            if name == "smollm2":
+            modes = ("full", "lora") if args.only == "both" else (args.only,)
+            figures = lora_side_by_side(path, samples, args.steps, args.recompute, work / name, modes)
+            if name == "smollm2" and len(modes) == 2:
                 served = publish_to_served(path, figures["full"]["version"], figures["lora"]["version"])
                 for mode in ("full", "lora"):
                     load = served["full_weights_load_s" if mode == "full" else "adapter_load_s"]
@@ -190,7 +193,7 @@ def lora_main(args: argparse.Namespace) -> None:
                 figures["ratios_lora_over_full"]["publish_to_served_s"] = round(
                     figures["lora"]["publish_to_served_s"] / figures["full"]["publish_to_served_s"], 4
                 )
-            for mode in ("full", "lora"):
+            for mode in modes:
                 figures[mode].pop("version")
             results[name] = figures
     results["batch"] = {"samples": args.batch, "tokens": args.batch * (args.prompt + args.response)}
@@ -208,6 +211,12 @@ def main() -> None:
         "--lora", action="store_true", help="LoRA against full fine-tuning (see the module's text)"
     )
     ap.add_argument("--model", choices=["smollm2", "qwen3-1b", "both"], default="both", help="with --lora")
+    ap.add_argument(
+        "--only",
+        choices=["full", "lora", "both"],
+        default="both",
+        help="with --lora: one side (memory permitting)",
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
