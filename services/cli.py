@@ -290,7 +290,8 @@ def _engine(args: argparse.Namespace) -> int:
     from services.engine.launch import EngineOptions, exec_sglang, sglang_command
     from services.model_store import fetch_smollm2
 
-    lora = load_config(args.config).trainer.lora
+    config = load_config(args.config)
+    lora = config.trainer.lora
     opts = EngineOptions(
         model=args.model or str(fetch_smollm2()),
         host=args.host,
@@ -303,7 +304,7 @@ def _engine(args: argparse.Namespace) -> int:
         threads=args.threads,
         max_total_tokens=args.max_total_tokens,
         device=args.device,
-        lora_rank=lora.rank if args.lora or lora.enabled else None,
+        lora_rank=lora.rank if args.lora or config.lora_adapters else None,
         lora_targets=tuple(lora.target_modules),
         extra=tuple(args.sglang_args),
     )

@@ -3,14 +3,17 @@
 
 Each version is loaded under its own name (``engine_client.adapter_name``) next to the one before; the reloader
 then points new requests at it (``serve``) and unloads the older adapter once no request the proxy leased it to is
-still on its way to the engine (``drained``). SGLang itself refuses requests naming an unloaded adapter and waits
-for those already running before it unloads, so the lease only covers the gap between choosing the adapter and the
-engine admitting the request. A turn's version is the adapter it was sent to: no probe and no span is needed.
+still open (``drained``). SGLang waits for the requests it is running before it unloads; a request naming an
+adapter after that is not refused but loads it again from its path (SGLang 0.5.23 remembers every adapter's path),
+which would keep it in memory until the next version retires it: the leases, held from choosing the adapter to the
+response's end (and through a re-scoring), are what prevents that. A turn's version is the adapter it was sent to:
+no probe and no span is needed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from typing import Any
 
@@ -34,17 +37,24 @@ class Adapters:
     def lease(self) -> tuple[int, str | None]:
         """(version, adapter name or None for the base) for one request; ``release`` it once answered."""
         version = self.current
+        self.hold(version)
+        return version, adapter_name(version) if version else None
+
+    def hold(self, version: int) -> None:
+        """One more request on ``version`` (a re-scoring of a turn it made); ``release`` it too."""
         self._leases[version] += 1
         LEASED.labels(str(version)).set(self._leases[version])
         self._event(version).clear()
-        return version, adapter_name(version) if version else None
 
     def release(self, version: int) -> None:
         self._leases[version] -= 1
-        LEASED.labels(str(version)).set(self._leases[version])
         if self._leases[version] <= 0:
             del self._leases[version]
             self._event(version).set()
+            with contextlib.suppress(KeyError):  # one series per version would pile up
+                LEASED.remove(str(version))
+        else:
+            LEASED.labels(str(version)).set(self._leases[version])
 
     def leased(self, version: int) -> int:
         return self._leases[version]

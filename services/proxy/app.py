@@ -373,15 +373,20 @@ class ChatProxy:
         if completion.prompt_token_ids is None or completion.token_ids is None:
             DROPPED.labels("no_token_ids").inc()
             return
+        routed = self.routed_version(body)
+        if routed is not None and self.state.adapters is not None:  # no unload while it scores on the adapter
+            self.state.adapters.hold(routed)
         try:
             scored = await self.state.engine.score(
                 completion.prompt_token_ids, completion.token_ids, lora_path=body.get("lora_path")
             )
-        except EngineError as exc:  # with adapters: also the adapter unloaded since (SGLang refuses its name)
+        except EngineError as exc:
             DROPPED.labels("rescore_failed").inc()
             log.warning("re-scoring a turn failed; not recorded", extra={"error": str(exc)})
             return
-        if self.routed_version(body) is None and version_number(scored.weight_version) != version:
+        finally:
+            self.unroute(routed)
+        if routed is None and version_number(scored.weight_version) != version:
             DROPPED.labels("rescore_version_moved").inc()
             return
         completion.logprobs = scored.logprobs
@@ -405,6 +410,20 @@ class ChatProxy:
         except EngineError as exc:
             self.unroute(leased)
             return engine_failure(exc, session.turn_type, "true", headers)
+        except BaseException:  # cancelled (shutdown), or a bug: the lease still goes back
+            self.unroute(leased)
+            raise
+        closed = False
+
+        async def close() -> None:
+            """The lease back and the engine stream closed, once: at the relay's end, or at the response's end
+            when the relay never started."""
+            nonlocal closed
+            if not closed:
+                closed = True
+                self.unroute(leased)
+                await upstream.aclose()
+
         main = session.turn_type == "main"
         strip = main and not (wants["logprobs"] and wants["input_ids"] and wants["output_ids"])
         epoch = self.state.versions.epoch  # where in the served-version history this stream began
@@ -454,8 +473,7 @@ class ChatProxy:
                 out.append(b"data: " + _json_encoder.encode(err) + b"\n\n")
                 yield b"".join(out), True
             finally:
-                await upstream.aclose()
-                self.unroute(leased)
+                await close()
                 REQUESTS.labels(session.turn_type, "true", "200" if complete else "aborted").inc()
                 _LATENCY[True].observe(time.time() - created)
                 if main:
@@ -466,7 +484,7 @@ class ChatProxy:
                     else:
                         DROPPED.labels("stream_incomplete").inc()
 
-        return EventStream(relay(), headers)
+        return EventStream(relay(), headers, on_close=close)
 
     async def _label_then_finish(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -47,9 +47,17 @@ class EventStream(StreamingResponse):
     so the engine stops generating) through a plain task, where Starlette's StreamingResponse spends an anyio task
     group (~70 us) per response."""
 
-    def __init__(self, pieces: AsyncGenerator[tuple[bytes, bool], None], headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        pieces: AsyncGenerator[tuple[bytes, bool], None],
+        headers: dict[str, str],
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         super().__init__((), media_type="text/event-stream", headers=headers)
         self.pieces = pieces
+        self.on_close = on_close
+        """Run once the response ends, however it ends: a generator closed before it started never runs its own
+        ``finally`` (a client gone before the first byte)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         task = asyncio.current_task()
@@ -84,7 +92,11 @@ class EventStream(StreamingResponse):
             task.uncancel()
         finally:
             watcher.cancel()
-            await pieces.aclose()
+            try:
+                await pieces.aclose()
+            finally:
+                if self.on_close is not None:
+                    await self.on_close()
 
 
 class ChatFirst:

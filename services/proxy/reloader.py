@@ -83,7 +83,7 @@ class Reloader:
         retry_s: float = 5.0,
         held: Callable[[int], Awaitable[bool]] | None = None,
         adapters: Adapters | None = None,
-        drain_timeout_s: float = 60.0,
+        drain_timeout_s: float = 300.0,
     ) -> None:
         self.engine = engine
         self.root = weights_root
@@ -287,13 +287,12 @@ class Reloader:
         try:
             try:
                 await asyncio.wait_for(adapters.drained(version), self.drain_timeout_s)
-            except (
-                TimeoutError
-            ):  # a lease never released (a client gone before its stream began): SGLang still
-                RETIRED.labels("forced").inc()  # finishes whatever it admitted before unloading
-            while await self._is_held(version):  # its evaluation still asks it
+            except TimeoutError:  # open longer than any request should be (a lease never released: a bug)
+                RETIRED.labels("forced").inc()  # SGLang still finishes what it runs before unloading
+            while True:  # until its evaluation (if one holds it) ends; the hold expires by itself
+                if not await self._is_held(version):
+                    break
                 await asyncio.sleep(1.0)
-                continue
             await self.engine.unload_lora_adapter(adapter_name(version))
             RETIRED.labels("ok").inc()
             log.info("older adapter unloaded", extra={"version": version})

@@ -120,11 +120,10 @@ class Adapter(torch.nn.Module):
             norm_weight is not None
         ):  # Transformer Engine's layer fuses the norm: adapt its output, as PEFT does
             x = F.rms_norm(x, (x.shape[-1],), norm_weight.to(x.dtype), self.norm_eps)
-        x = F.dropout(x, self.dropout, self.training) if self.dropout else x
         out: dict[str, Tensor] = {}
         for name, pair in self.pairs.items():
             assert isinstance(pair, Pair)
-            z = x @ pair.A.t()
+            z = self._dropped(x) @ pair.A.t()
             if self.tp > 1:
                 z = (
                     copy_to_tensor_model_parallel_region(z)
@@ -143,6 +142,19 @@ class Adapter(torch.nn.Module):
             shaped = [self._part(out, p, lead, x).reshape(*lead, self.groups, -1) for p in self.parts]
             return torch.cat(shaped, dim=-1).reshape(*lead, -1)
         return torch.cat([self._part(out, p, lead, x) for p in self.parts], dim=-1)  # gate rows, then up rows
+
+    def _dropped(self, x: Tensor) -> Tensor:
+        """PEFT's dropout: a mask of its own per projection. A column-parallel layer's input is the same on every
+        tensor-parallel rank, and so is its mask (the default generator, seeded alike); a row-parallel layer's is
+        this rank's slice, masked from Megatron's model-parallel generator, which differs per rank."""
+        if not self.dropout or not self.training:
+            return x
+        if self.kind == "row" and self.tp > 1:
+            from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+            with get_cuda_rng_tracker().fork():
+                return F.dropout(x, self.dropout, True)
+        return F.dropout(x, self.dropout, True)
 
     def _part(self, out: dict[str, Tensor], proj: str, lead: torch.Size, x: Tensor) -> Tensor:
         return out[proj] if proj in out else x.new_zeros(*lead, self.rows[proj])
