@@ -143,10 +143,12 @@ def engine() -> Iterator[EngineProcess | RunningEngine]:
         proc.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lora_engine() -> Iterator[EngineProcess]:
     """A real SGLang server (SmolLM2) started with --enable-lora (``turnstream engine --lora``), for the tests of
-    adapters; started at collection like ``engine``."""
+    adapters; started at collection like ``engine``, and stopped with the module that used it: kept for the
+    whole session, it left the pipeline test's two engines too little memory to start (SGLang sizes its CPU KV
+    cache from the memory free at start)."""
     global _early_lora_engine
     proc, _early_lora_engine = _early_lora_engine or _start_lora_engine(), None
     try:
