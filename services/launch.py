@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -51,6 +53,30 @@ def free_port_block(n: int) -> int:
         except OSError:
             continue
         return base
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` now (from Linux's /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
 
 
 class ServiceProcess:
@@ -120,7 +146,10 @@ class ServiceProcess:
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM (services finish in-flight work and flush), then SIGKILL after ``timeout_s``. Returns the exit
-        code, or None if it had to be killed."""
+        code, or None if it had to be killed. Whatever it started and left behind goes too: SGLang takes its
+        scheduler and detokenizer down only on a SIGTERM it handles, so one killed, or stopped before its handler
+        was installed, left them running (~1 GB each)."""
+        below = descendants(self.proc.pid)
         self.proc.terminate()
         code: int | None
         try:
@@ -129,6 +158,9 @@ class ServiceProcess:
             self.proc.kill()
             self.proc.wait()
             code = None
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         if self._devnull is not None:
             self._devnull.close()
             self._devnull = None

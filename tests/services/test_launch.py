@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 
@@ -50,3 +51,45 @@ def test_a_sigkilled_parent_leaves_no_service_behind() -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+ORPHANING = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # like an engine too busy (or too early) to handle it
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(child.pid, flush=True)
+
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+    HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+    """
+)
+
+
+def test_a_service_killed_after_its_grace_takes_what_it_started_with_it(tmp_path: Path) -> None:
+    """SGLang takes its scheduler and detokenizer down only on a SIGTERM it handles: a stop that has to SIGKILL it
+    must not leave them running (they held ~1 GB each)."""
+    from services.launch import ServiceProcess
+
+    port = free_port()
+    log = open(tmp_path / "out.log", "w")
+    proc = ServiceProcess(
+        [str(port)], port=port, ready_path="/", log=log, program=[sys.executable, "-c", ORPHANING]
+    )
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "out.log").read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    child = int((tmp_path / "out.log").read_text().split()[0])
+    assert psutil.pid_exists(child)
+    assert proc.stop(timeout_s=1) is None  # ignored SIGTERM: killed
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child outlived its killed parent"
+        time.sleep(0.1)
+    log.close()
