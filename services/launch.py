@@ -55,27 +55,34 @@ def free_port_block(n: int) -> int:
         return base
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` now (from Linux's /proc; empty where there is none)."""
-    children: dict[int, list[int]] = {}
+def _started(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live process, from /proc; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), int(fields[19])
+
+
+def descendants(pid: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every process below ``pid`` now (from Linux's /proc; empty where there is none): the
+    start time tells a process from a later one that reuses its pid."""
+    children: dict[int, list[tuple[int, int]]] = {}
     try:
         entries = [e for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
         return []
     for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry))
-    out: list[int] = []
+        found = _started(int(entry))
+        if found is not None:
+            children.setdefault(found[0], []).append((int(entry), found[1]))
+    out: list[tuple[int, int]] = []
     todo = [pid]
     while todo:
         kids = children.get(todo.pop(), [])
         out += kids
-        todo += kids
+        todo += [p for p, _ in kids]
     return out
 
 
@@ -158,9 +165,11 @@ class ServiceProcess:
             self.proc.kill()
             self.proc.wait()
             code = None
-        for pid in below:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        for pid, start in below:
+            now = _started(pid)
+            if now is not None and now[1] == start:  # the same process, not one that took over its pid
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         if self._devnull is not None:
             self._devnull.close()
             self._devnull = None
