@@ -190,7 +190,11 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     plan.add_argument("--fp32", action="store_true", help="fp32 weights (default bf16, as on GPUs)")
     plan.add_argument(
-        "--kl", action="store_true", default=None, help="with the reference model (default: kl_coef > 0)"
+        "--kl",
+        action="store_true",
+        default=None,
+        help="with the KL term (default: kl_coef > 0); its reference is a second model, except under LoRA "
+        "without trainer.reference_checkpoint (the base with the adapters off)",
     )
     plan.add_argument(
         "--lora",

@@ -309,7 +309,7 @@ class TrainerConfig(_Section):
     keeps everything. ``auto``: ``full`` on the CPU (where memory is what runs out), ``selective`` on GPUs."""
     reference_checkpoint: str = ""
     """Hugging Face folder of the frozen reference for the KL term (default: the starting policy). Loaded only
-    when ``kl_coef`` > 0."""
+    when ``kl_coef`` > 0, and under LoRA only when set: the policy with its adapters off is the starting policy."""
     topk_coef: NonNegFloat = 0.0
     """Weight of the top-K distillation loss (samples carrying the teacher's top-K; see ``teacher.top_k``)."""
     tensor_parallel: PositiveInt = 1
@@ -347,6 +347,18 @@ class TrainerConfig(_Section):
     loss_terms: list[str] = msgspec.field(default_factory=lambda: ["pg", "entropy", "kl", "topk"])
     """Terms summed into the loss: built-in names or ``package.module:function`` (docs/extending.md)."""
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
+
+    @property
+    def reference_copy(self) -> bool:
+        """Whether the KL term loads a frozen model of its own (the memory plan counts it)."""
+        return reference_copy(self.kl_coef > 0, self.lora.enabled, self.reference_checkpoint)
+
+
+def reference_copy(kl: bool, lora: bool, reference_checkpoint: str) -> bool:
+    """A KL term's reference is a second model, except under LoRA without a ``reference_checkpoint``: there the
+    starting policy is the trained model with its adapters off (``trainer.lora.disabled``), as PEFT-based trainers
+    take it, and costs no memory."""
+    return kl and not (lora and not reference_checkpoint)
 
 
 class EvalConfig(_Section):

@@ -21,6 +21,7 @@ import math
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -231,6 +232,14 @@ def disabled(model: Any) -> Iterator[None]:
     finally:
         for a in found:
             a.enabled = True
+
+
+@dataclass(frozen=True)
+class AdaptersOff:
+    """The KL term's reference under LoRA: the trained model itself, run with ``disabled`` adapters. Its frozen
+    base is the starting policy, so no second copy of the weights is loaded."""
+
+    model: Any
 
 
 def is_adapter_name(name: str) -> bool:

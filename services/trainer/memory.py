@@ -59,7 +59,7 @@ class PlanInput(msgspec.Struct, frozen=True):
     dtype_bytes: int = 2
     """2: bf16 weights with fp32 main weights in the optimizer; 4: fp32 throughout."""
     reference: bool = False
-    """A frozen reference model (``trainer.kl_coef`` > 0)."""
+    """A frozen reference model (``TrainerConfig.reference_copy``)."""
     vocab_parallel_logits: bool = True
     """The loss reads each rank's vocab slice, as the trainer does (False: the logits gathered over the vocab on
     every TP rank, as it did before)."""
@@ -348,7 +348,7 @@ def for_trainer(
         recompute=recompute,
         distributed_optimizer=config.distributed_optimizer,
         dtype_bytes=dtype_bytes,
-        reference=config.kl_coef > 0,
+        reference=config.reference_copy,
         fused_attention=fused_attention,
         lora_rank=config.lora.rank if config.lora.enabled else 0,
         lora_targets=tuple(config.lora.target_modules) if config.lora.enabled else (),

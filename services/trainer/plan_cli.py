@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from services.config import Config
+from services.config import Config, reference_copy
 from services.trainer.memory import GIB, MemoryPlan, PlanInput, layouts, plan, propose, total_params
 from services.trainer.spec import ModelSpec
 
@@ -38,6 +38,7 @@ def _head(lay: PlanInput) -> str:
 def run_plan(config: Config, args: argparse.Namespace) -> int:
     """0 when the planned (or a proposed) layout fits, 1 when none does, 2 on bad input."""
     tc = config.trainer
+    lora = tc.lora.enabled or args.lora
     path = args.hf_checkpoint or tc.hf_checkpoint
     if not path:
         print(
@@ -56,10 +57,12 @@ def run_plan(config: Config, args: argparse.Namespace) -> int:
         seq_len=args.seq_len or 0,
         recompute=recompute,
         dtype_bytes=4 if args.fp32 else 2,
-        reference=tc.kl_coef > 0 if args.kl is None else args.kl,
+        reference=reference_copy(
+            tc.kl_coef > 0 if args.kl is None else args.kl, lora, tc.reference_checkpoint
+        ),
         fused_attention=args.attention == "fused",
-        lora_rank=tc.lora.rank if tc.lora.enabled or args.lora else 0,
-        lora_targets=tuple(tc.lora.target_modules) if tc.lora.enabled or args.lora else (),
+        lora_rank=tc.lora.rank if lora else 0,
+        lora_targets=tuple(tc.lora.target_modules) if lora else (),
     )
     gpus, gpu_gib = args.gpus, args.gpu_memory_gib
     asked = args.tp is not None or args.pp is not None

@@ -1,6 +1,6 @@
 """The trainable policy on this rank: its part of a Megatron-core GPTModel loaded from Hugging Face weights,
 wrapped in Megatron's DistributedDataParallel with Megatron's optimizer (Adam, constant learning rate, gradient
-clipping), plus the frozen reference model when the KL term is on.
+clipping), plus the frozen reference model when the KL term is on (under LoRA, the policy with its adapters off).
 
 One process (the CPU, or one GPU) is the special case of the torchrun layout: world size 1, TP = PP = DP = 1.
 """
@@ -119,8 +119,12 @@ class Policy:
 
             count = attach(module, spec, layout, config.lora, dtype)
             log.info("lora adapters", extra={"parameters": count, "rank": config.lora.rank})
-        reference = None
-        if config.kl_coef > 0:
+        reference: Any = None
+        if config.kl_coef > 0 and not config.reference_copy:
+            from services.trainer.lora import AdaptersOff
+
+            reference = AdaptersOff(module)
+        elif config.kl_coef > 0:
             ref_path = config.reference_checkpoint or path
             if ModelSpec.from_dir(ref_path) != spec:
                 raise ValueError(f"reference model {ref_path} has a different architecture than the policy")

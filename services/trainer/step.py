@@ -14,6 +14,7 @@ here is ``[B, S - 1]`` and indexed by the position of the token it scores.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from services.config import TrainerConfig
 from services.trainer import advantages as batch_advantages
 from services.trainer import terms as loss_terms
 from services.trainer.logprobs import VocabShard, shifted
+from services.trainer.lora import AdaptersOff, disabled
 from services.trainer.loss import low_var_kl, sample_advantages
 from services.trainer.parallel import ParallelLayout
 
@@ -338,11 +340,14 @@ def reference_logprobs(
     reference: Any, micro: list[Collated], forward: Forward, vocab: VocabShard | None = None
 ) -> list[Tensor]:
     """The frozen reference model's log-prob of every token, per micro-batch (on the last pipeline stage; empty
-    on the others, which never compute a loss)."""
-    reference.eval()
-    with torch.no_grad():
+    on the others, which never compute a loss). ``reference`` is a model, or the policy with its LoRA adapters
+    off (``lora.AdaptersOff``)."""
+    off = isinstance(reference, AdaptersOff)
+    model = reference.model if off else reference
+    model.eval()
+    with torch.no_grad(), disabled(model) if off else contextlib.nullcontext():
         outs = _schedule(
-            reference,
+            model,
             micro,
             forward,
             lambda i, c, logits: (logits.new_zeros(()), {"ref": token_logprobs(logits, c.tokens, vocab)}),

@@ -191,3 +191,31 @@ def test_under_a_fused_norm_and_linear_the_adapter_reads_the_normalised_input(ti
     with torch.no_grad():
         got, _ = layer(x)
         torch.testing.assert_close(got, normed @ layer.weight.t() + 2.0 * delta)
+
+
+def test_the_kl_reference_under_lora_is_the_base_with_adapters_off(tiny_llama: Path) -> None:
+    """No second model for the KL term: the policy with its adapters off is the starting policy. Its steps equal,
+    bit for bit, those against a separately loaded copy (``reference_checkpoint``), which the memory plan counts
+    and the view does not."""
+    from services.trainer.lora import AdaptersOff, disabled
+    from services.trainer.memory import for_trainer
+    from services.trainer.policy import Policy
+
+    view = Policy.from_hf(tiny_llama, settings(kl_coef=0.5))
+    copy = Policy.from_hf(tiny_llama, settings(kl_coef=0.5, reference_checkpoint=str(tiny_llama)))
+    assert isinstance(view.reference, AdaptersOff) and view.reference.model is view.module
+    assert not isinstance(copy.reference, AdaptersOff)
+    first, second = view.train(batch()), view.train(batch())
+    assert first.kl == 0.0  # B starts at zero: the policy is its reference
+    assert second.kl is not None and second.kl > 1e-6
+    for want, got in zip((first, second), (copy.train(batch()), copy.train(batch())), strict=True):
+        assert (got.kl, got.loss, got.grad_norm) == (want.kl, want.loss, want.grad_norm)
+    base = Policy.from_hf(tiny_llama, TrainerConfig(precision="fp32"))
+    with disabled(view.module):
+        assert torch.equal(logits(view), logits(base))
+    assert not torch.equal(logits(view), logits(base))  # the adapters are back on after the reference's pass
+
+    def planned(config: TrainerConfig) -> bool:
+        return for_trainer(config, tp=1, pp=1, dp=1, dtype_bytes=4, recompute="full").reference
+
+    assert (planned(view.config), planned(copy.config)) == (False, True)

@@ -6,6 +6,7 @@ does not fit before it reads a weight."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -193,10 +194,11 @@ def test_the_trainer_refuses_before_reading_weights(tmp_path: Path) -> None:
         Policy.from_hf(tmp_path, config)
 
 
-def _plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _plan_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "services.cli", "trainer", "plan", *args],
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
@@ -220,3 +222,21 @@ def test_turnstream_trainer_plan() -> None:
     assert none.returncode == 1 and "no layout fits" in none.stdout
     bad = _plan_cli("--hf-checkpoint", str(CONFIGS / "missing"))
     assert bad.returncode == 2 and "missing" in bad.stderr
+
+
+def test_the_kl_reference_costs_a_model_except_under_lora() -> None:
+    """Under LoRA the KL term's reference is the policy with its adapters off (no second copy), unless
+    ``trainer.reference_checkpoint`` names another model."""
+
+    def reference_gib(*extra: str, env: dict[str, str] | None = None) -> float:
+        args = ("--hf-checkpoint", str(CONFIGS / "qwen3-4b"), "--tp", "1", "--gpus", "1", "--json", *extra)
+        proc = _plan_cli(*args, env=env)
+        assert proc.returncode in (0, 1), proc.stderr
+        return float(json.loads(proc.stdout)["plan"]["gib"]["reference"])
+
+    full = reference_gib("--kl")
+    assert full > 7  # Qwen3-4B in bf16, a second time
+    assert reference_gib("--kl", "--lora") == 0
+    assert reference_gib("--lora") == 0
+    other = {"TURNSTREAM_TRAINER_REFERENCE_CHECKPOINT": str(CONFIGS / "qwen3-4b")}
+    assert reference_gib("--kl", "--lora", env=other) == full
