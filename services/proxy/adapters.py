@@ -25,9 +25,11 @@ LEASED = Gauge("turnstream_proxy_adapter_requests", "Requests on their way to a 
 
 
 class Adapters:
-    def __init__(self) -> None:
+    def __init__(self, served_model: str | None = None) -> None:
         self.current = 0
         """The version new requests go to (0: the base model, no adapter)."""
+        self.served_model = served_model
+        """The engine's ``--served-model-name`` (``/model_info``), for ``without_adapter``."""
         self._leases: Counter[int] = Counter()
         self._idle: dict[int, asyncio.Event] = {}
 
@@ -72,6 +74,17 @@ class Adapters:
             if not self._leases[version]:
                 event.set()
         return event
+
+
+def without_adapter(model: str, served_model: str | None) -> str:
+    """A request's ``model`` as SGLang 0.5.23 will read it naming no adapter, so that the proxy's ``lora_path``
+    decides. SGLang (``serving_base._parse_model_parameter``) takes "<base>:<adapter>" in ``model`` over
+    ``lora_path``, but never splits its exact served name, colons and all ("qwen3:4b" stays whole)."""
+    if ":" not in model or model == served_model:
+        return model
+    if served_model and model.startswith(served_model + ":"):
+        return served_model
+    return model.partition(":")[0].strip()
 
 
 def with_version(response: dict[str, Any], version: int) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from services.engine_client import (
     close_engine_pool,
     version_number,
 )
-from services.proxy.adapters import Adapters, with_version
+from services.proxy.adapters import Adapters, with_version, without_adapter
 from services.proxy.additions import client_wants, strip_response, strip_stream_chunk
 from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
 from services.proxy.recorder import TurnRecorder
@@ -316,8 +316,8 @@ class ChatProxy:
         version, name = adapters.lease()
         forward.pop("lora_path", None)
         model = forward.get("model")
-        if isinstance(model, str) and ":" in model:  # SGLang would take "<base>:<adapter>" over lora_path
-            forward["model"] = model.partition(":")[0]
+        if isinstance(model, str):
+            forward["model"] = without_adapter(model, adapters.served_model)
         if name is not None:
             forward["lora_path"] = name
         return version
@@ -583,7 +583,8 @@ async def build_state(config: Config) -> ProxyState:
         info = await engine.model_info()
     state.versions = ServedVersions(version_number(info.get("weight_version")))
     if config.lora_adapters:  # a restarted proxy finds the adapters the engine already has
-        state.adapters = Adapters()
+        served = info.get("served_model_name")
+        state.adapters = Adapters(served if isinstance(served, str) else None)
         with contextlib.suppress(EngineError, KeyError, ValueError):
             state.adapters.serve(max(await engine.adapter_versions(), default=0))
         state.versions = ServedVersions(state.adapters.current)

@@ -25,7 +25,8 @@ NAME is a class of ``sglang.srt.entrypoints.openai.protocol`` (``ChatCompletionR
 ``sglang.api.v1.api_types`` (``GenerateResponse``, ...), or ``route:FUNCTION`` for an answer that
 ``http_server.py`` builds as a dict literal with no class (``route:model_info``, ``route:pause_generation``,
 ``route:continue_generation``, ``route:update_weights_from_disk``): the payload must have that literal's keys (and
-its values, where they are constants).
+its values, where they are constants). ``lora:adapter`` checks which LoRA adapter the chat route would pick:
+``{"model", "lora_path", "served", "want"}`` (``_check_adapter``).
 
 The import time goes to stderr as ``{"import_s": ...}``.
 """
@@ -273,10 +274,24 @@ def _check_route(function: str, payload: Any) -> dict[str, Any]:
     return {"ok": True, "extra": extra}
 
 
+def _check_adapter(payload: dict[str, Any]) -> dict[str, Any]:
+    """The adapter SGLang's chat route resolves for a request (``_resolve_lora_path``: ``model`` first, then
+    ``lora_path``) on a server of the given served name; ``mismatch`` unless it is ``want``."""
+    server = OpenAIServingChat.__new__(OpenAIServingChat)
+    server.tokenizer_manager = types.SimpleNamespace(served_model_name=payload["served"])
+    got = server._resolve_lora_path(payload["model"], payload["lora_path"])
+    return {
+        "ok": True,
+        "mismatch": None if got == payload["want"] else f"SGLang resolves the adapter {got!r}",
+    }
+
+
 def check(name: str, payload: Any) -> dict[str, Any]:
     """One payload against one class: see the module docstring for what the result says."""
     if name.startswith("route:"):
         return _check_route(name.removeprefix("route:"), payload)
+    if name == "lora:adapter":
+        return _check_adapter(payload)
     cls = getattr(protocol, name, None)
     if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel):
         try:

@@ -28,6 +28,7 @@ import pytest
 from services.engine_client import EXACT_NON_STREAMED, EXACT_STREAMED, EngineClient, EngineError
 from services.judge.backends import EngineBackend
 from services.launch import ServiceProcess, free_port
+from services.proxy.adapters import without_adapter
 from services.proxy.sampling import OPENAI_SAMPLING
 
 REPO = Path(__file__).resolve().parents[2]
@@ -285,6 +286,23 @@ async def exercise_judge(url: str, out: Collected) -> None:
     await client._client.aclose()  # type: ignore[union-attr]
 
 
+SERVED_NAMES = ["policy", "qwen3:4b", "s3://bucket/Qwen3-4B"]
+"""Served model names, some with colons: SGLang never splits its exact served name into base and adapter."""
+
+
+def adapter_cases(out: Collected) -> None:
+    """A main turn's ``model`` as the proxy forwards it under LoRA (``without_adapter``): whatever the client
+    named, SGLang serves the adapter the proxy chose in ``lora_path``. Also when the proxy could not read the
+    served name (None)."""
+    for served in SERVED_NAMES:
+        for client in (served, f"{served}:turnstream-v1", "other:turnstream-v1", "plain"):
+            for known in (served, None):
+                forwarded = without_adapter(client, known)
+                out.add("adapters", f"{client} on {served} (proxy knows {known})", "lora:adapter",
+                        {"model": forwarded, "lora_path": "turnstream-v3", "served": served,
+                         "want": "turnstream-v3"})  # fmt: skip
+
+
 def negative_cases(out: Collected) -> None:
     """Payloads SGLang's classes must turn down: proof that the checks can fail."""
     chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": []}
@@ -311,6 +329,9 @@ def negative_cases(out: Collected) -> None:
             {"sampling_params": {"max_new_tokens": 1}}, expect="refused")  # fmt: skip
     out.add("negative", "generate with an unknown sampling key", "GenerateReqInput",
             {"input_ids": [1], "sampling_params": {"max_tokens": 1}}, expect="refused")  # fmt: skip
+    out.add("negative", "a client's adapter in model, forwarded as is", "lora:adapter",
+            {"model": "policy:turnstream-v1", "lora_path": "turnstream-v3", "served": "policy",
+             "want": "turnstream-v3"}, expect="mismatch")  # fmt: skip
     out.add("negative", "update without model_path", "UpdateWeightFromDiskReqInput",
             {"weight_version": "1"}, expect="invalid")  # fmt: skip
     out.add("negative", "model_info without weight_version", "route:model_info",
@@ -526,6 +547,7 @@ def checked() -> Iterator[Checked]:
         for process in processes:
             process.stop()
     real_cases(out)
+    adapter_cases(out)
     negative_cases(out)
     labels = [(it.group, it.label) for it in out.items]
     assert len(labels) == len(set(labels)), "labels must be unique within a group"
@@ -561,6 +583,17 @@ def test_our_requests_are_accepted_by_sglang(checked: Checked) -> None:
         "weight_version": "1",
     }
     assert requests["engine-length pause"] == {"mode": "retract"}
+
+
+def test_the_proxys_adapter_is_the_one_sglang_serves(checked: Checked) -> None:
+    """Under LoRA the proxy routes by ``lora_path``; SGLang would prefer an adapter named in ``model``, so the
+    proxy takes it out, keeping a served name with colons whole (the client's model name is kept where it can be:
+    what SGLang echoes in the response)."""
+    assert_outcomes(checked, "adapters")
+    assert len(checked.group("adapters")) == 24
+    assert without_adapter("qwen3:4b", "qwen3:4b") == "qwen3:4b"
+    assert without_adapter("qwen3:4b:turnstream-v1", "qwen3:4b") == "qwen3:4b"
+    assert without_adapter("policy", None) == "policy"
 
 
 def test_stub_refusals_are_sglangs(checked: Checked) -> None:
