@@ -136,11 +136,7 @@ def engine() -> Iterator[EngineProcess | RunningEngine]:
         yield RunningEngine(url)
         return
     proc, _early_engine = _early_engine or _start_engine(), None
-    try:
-        proc.wait_ready(proc.ready_path)
-        yield proc
-    finally:
-        proc.stop()
+    yield from _serving(proc)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +147,11 @@ def lora_engine() -> Iterator[EngineProcess]:
     cache from the memory free at start)."""
     global _early_lora_engine
     proc, _early_lora_engine = _early_lora_engine or _start_lora_engine(), None
+    yield from _serving(proc)
+
+
+def _serving(proc: EngineProcess) -> Iterator[EngineProcess]:
+    """A fixture's engine once it answers, stopped when the fixture ends."""
     try:
         proc.wait_ready(proc.ready_path)
         yield proc

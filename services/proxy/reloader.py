@@ -205,11 +205,7 @@ class Reloader:
                 except EngineError:
                     pass
                 if not loaded:
-                    RELOADS.labels("failed").inc()
-                    log.error(
-                        "engine could not load a weight version",
-                        extra={"version": event.version, "error": str(exc)},
-                    )
+                    self._failed(rec, exc)
                     if exc.status is not None and 400 <= exc.status < 500:  # refused: asking again won't help
                         await self.consumer.dead_letter(
                             rec, f"engine could not load version {event.version}: {exc}"

@@ -9,7 +9,7 @@ rank 0 holds one layer of the full model at a time instead of every shard of eve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -67,7 +67,6 @@ def hf_stream(
             part = {n: local[n].detach().to("cpu", dtype) for n in group if n in local}
             yield from megatron_to_hf(spec, part).items()
         return
-    import torch.distributed as dist
 
     shapes = _shard_shapes(spec, lay)
     channel = transfer_group()
@@ -75,18 +74,8 @@ def hf_stream(
         full: dict[str, Tensor] = {}
         for name in group:
             stage, local_name = owner(spec, lay, name)
-            parts: list[Tensor] = []
-            for tp_rank in range(lay.tp):
-                src = replica_rank(lay, tp_rank, stage)
-                if lay.rank == src == 0:
-                    parts.append(local[local_name].detach().to("cpu", dtype))
-                elif lay.rank == src:
-                    dist.send(local[local_name].detach().to(dtype).contiguous(), dst=0, group=channel)
-                elif lay.rank == 0:
-                    device = next(iter(local.values())).device
-                    buffer = torch.empty(shapes[tp_rank, stage][local_name], dtype=dtype, device=device)
-                    dist.recv(buffer, src=src, group=channel)
-                    parts.append(buffer.cpu())
+            sizes = [shapes[tp_rank, stage][local_name] for tp_rank in range(lay.tp)]
+            parts = gather_parts(lay, stage, local, local_name, sizes, dtype, channel)
             if lay.rank == 0:
                 joined = join(local_name, parts)
                 full[name] = joined[: spec.vocab_size] if name.endswith(_VOCAB) else joined
@@ -95,6 +84,36 @@ def hf_stream(
 
 
 _VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def gather_parts(
+    lay: ParallelLayout,
+    stage: int,
+    local: dict[str, Tensor],
+    local_name: str,
+    sizes: Sequence[Sequence[int]],
+    dtype: torch.dtype,
+    channel: Any,
+    copy: bool = False,
+) -> list[Tensor]:
+    """A collective over one tensor: rank 0 gets, in ``dtype`` on the CPU, its parts held by the first
+    ``len(sizes)`` tensor-parallel ranks of data-parallel replica 0 on ``stage`` (``sizes``: each part's shape),
+    its own (``copy``: never the live tensor itself) or received; their holders send them; the others get []."""
+    import torch.distributed as dist
+
+    parts: list[Tensor] = []
+    for tp_rank, size in enumerate(sizes):
+        src = replica_rank(lay, tp_rank, stage)
+        if lay.rank == src == 0:
+            parts.append(local[local_name].detach().to("cpu", dtype, copy=copy))
+        elif lay.rank == src:
+            dist.send(local[local_name].detach().to(dtype).contiguous(), dst=0, group=channel)
+        elif lay.rank == 0:
+            device = next(iter(local.values())).device if local else torch.device("cpu")
+            buffer = torch.empty(list(size), dtype=dtype, device=device)
+            dist.recv(buffer, src=src, group=channel)
+            parts.append(buffer.cpu())
+    return parts
 
 
 def _shard_shapes(spec: ModelSpec, lay: ParallelLayout) -> dict[tuple[int, int], dict[str, tuple[int, ...]]]:

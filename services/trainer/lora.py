@@ -30,7 +30,7 @@ from torch import Tensor
 
 from services.config import LORA_TARGETS, LoraConfig
 from services.trainer.parallel import ParallelLayout, stage_layers
-from services.trainer.spec import ModelSpec
+from services.trainer.spec import ModelSpec, lora_split_dim
 
 # Megatron linear -> (Hugging Face projections it fuses, in fused order; parallel kind).
 FUSED: dict[str, tuple[tuple[str, ...], str]] = {
@@ -44,39 +44,19 @@ HF_MODULE = {
 }
 
 
-def full_shape(spec: ModelSpec, proj: str) -> tuple[int, int]:
-    """(out, in) of a Hugging Face projection's weight."""
-    h, q, kv, f = (
-        spec.hidden_size,
-        spec.num_heads * spec.head_dim,
-        spec.num_kv_heads * spec.head_dim,
-        spec.ffn_hidden_size,
-    )
-    return {
-        "q_proj": (q, h),
-        "k_proj": (kv, h),
-        "v_proj": (kv, h),
-        "o_proj": (h, q),
-        "gate_proj": (f, h),
-        "up_proj": (f, h),
-        "down_proj": (h, f),
-    }[proj]
-
-
 def initial_a(spec: ModelSpec, layer: int, proj: str, rank: int, seed: int) -> Tensor:
     """The full A of a global layer's projection at the start (fp32), the same in every layout."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(f"{layer}.{proj}".encode()))
-    a = torch.empty(rank, full_shape(spec, proj)[1])
+    a = torch.empty(rank, spec.projection_shape(proj)[1])
     torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
     return a
 
 
 def local_slice(spec: ModelSpec, lay: ParallelLayout, proj: str, which: str, full: Tensor) -> Tensor:
     """This rank's part of a full A or B (``which``) under tensor parallelism."""
-    kind = "row" if proj in ("o_proj", "down_proj") else "column"
-    if lay.tp == 1 or (kind == "column" and which == "A") or (kind == "row" and which == "B"):
+    dim = lora_split_dim(proj, which)
+    if lay.tp == 1 or dim is None:
         return full
-    dim = 0 if kind == "column" else 1
     size = full.shape[dim] // lay.tp
     return full.narrow(dim, lay.tp_rank * size, size)
 
@@ -188,7 +168,7 @@ def attach(model: Any, spec: ModelSpec, lay: ParallelLayout, config: LoraConfig,
             pairs: dict[str, Pair] = {}
             rows: dict[str, int] = {}
             for proj in parts:
-                out_rows = full_shape(spec, proj)[0] // (lay.tp if kind == "column" else 1)
+                out_rows = spec.projection_shape(proj)[0] // (lay.tp if kind == "column" else 1)
                 rows[proj] = out_rows
                 if proj not in targets:
                     continue

@@ -19,11 +19,11 @@ from torch import Tensor
 
 from services.config import LoraConfig
 from services.trainer.collective import transfer_group
-from services.trainer.export import owner, replica_rank
-from services.trainer.lora import FUSED, HF_MODULE, full_shape
+from services.trainer.export import gather_parts, owner
+from services.trainer.lora import FUSED, HF_MODULE
 from services.trainer.parallel import ParallelLayout
 from services.trainer.safetensors_stream import Entry
-from services.trainer.spec import ModelSpec
+from services.trainer.spec import ModelSpec, lora_split_dim
 
 ADAPTER_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
@@ -40,7 +40,7 @@ def adapter_tensors(spec: ModelSpec, config: LoraConfig) -> list[tuple[str, str,
             for proj in parts:
                 if proj not in config.target_modules:
                     continue
-                rows, cols = full_shape(spec, proj)
+                rows, cols = spec.projection_shape(proj)
                 for which, shape in (("A", (config.rank, cols)), ("B", (rows, config.rank))):
                     megatron = f"decoder.layers.{layer}.{path}.lora.pairs.{proj}.{which}"
                     peft = f"{PEFT_PREFIX}model.layers.{layer}.{HF_MODULE[proj]}.lora_{which}.weight"
@@ -55,12 +55,7 @@ def adapter_entries(spec: ModelSpec, config: LoraConfig, dtype: torch.dtype) -> 
 def _split_dim(name: str) -> int | None:
     """The dimension a tensor-parallel adapter matrix is split on, None where every rank holds it whole."""
     proj, which = name.rsplit(".", 2)[-2:]
-    row = proj in ("o_proj", "down_proj")
-    if row and which == "A":
-        return 1
-    if not row and which == "B":
-        return 0
-    return None
+    return lora_split_dim(proj, which)
 
 
 def adapter_stream(
@@ -68,27 +63,16 @@ def adapter_stream(
 ) -> Iterator[tuple[str, Tensor]]:
     """A collective: every rank iterates it to the end; rank 0 gets (PEFT name, CPU tensor in ``dtype``) in
     ``adapter_entries`` order. ``local``: this rank's adapter parameters by local name."""
-    import torch.distributed as dist
-
     channel = transfer_group() if lay.distributed else None
     for name, peft, shape in adapter_tensors(spec, config):
         stage, local_name = owner(spec, lay, name)
         dim = _split_dim(name)
-        parts: list[Tensor] = []
-        for tp_rank in range(lay.tp if dim is not None else 1):
-            src = replica_rank(lay, tp_rank, stage)
-            if lay.rank == src == 0:  # a copy: the live parameter moves on with the next step
-                parts.append(local[local_name].detach().to("cpu", dtype, copy=True))
-            elif lay.rank == src:
-                dist.send(local[local_name].detach().to(dtype).contiguous(), dst=0, group=channel)
-            elif lay.rank == 0:
-                size = list(shape)
-                if dim is not None:
-                    size[dim] //= lay.tp
-                device = next(iter(local.values())).device if local else torch.device("cpu")
-                buffer = torch.empty(size, dtype=dtype, device=device)
-                dist.recv(buffer, src=src, group=channel)
-                parts.append(buffer.cpu())
+        size = list(shape)
+        if dim is not None:
+            size[dim] //= lay.tp
+        # A copy of rank 0's own part: the live parameter moves on with the next step.
+        sizes = [size] * (lay.tp if dim is not None else 1)
+        parts = gather_parts(lay, stage, local, local_name, sizes, dtype, channel, copy=True)
         if lay.rank == 0:
             yield peft, (torch.cat(parts, dim=dim) if dim is not None else parts[0]).contiguous()
 

@@ -36,7 +36,7 @@ from itertools import product
 import msgspec
 
 from services.config import TrainerConfig
-from services.trainer.spec import ModelSpec, padded_vocab
+from services.trainer.spec import ModelSpec, lora_split_dim, padded_vocab
 
 GIB = 1024**3
 LOSS_CHUNK = 1024
@@ -135,27 +135,13 @@ def layer_params(spec: ModelSpec, tp: int) -> int:
 
 
 def lora_layer_params(spec: ModelSpec, tp: int, rank: int, targets: tuple[str, ...]) -> int:
-    """Adapter parameters of one layer on one tensor-parallel rank: A whole and B split under column-parallel
-    projections (q, k, v, gate, up), A split and B whole under row-parallel ones (o, down)."""
-    h, q, kv, f = (
-        spec.hidden_size,
-        spec.num_heads * spec.head_dim,
-        spec.num_kv_heads * spec.head_dim,
-        spec.ffn_hidden_size,
-    )
-    shapes = {  # (out, in, row-parallel)
-        "q_proj": (q, h, False),
-        "k_proj": (kv, h, False),
-        "v_proj": (kv, h, False),
-        "o_proj": (h, q, True),
-        "gate_proj": (f, h, False),
-        "up_proj": (f, h, False),
-        "down_proj": (h, f, True),
-    }
+    """Adapter parameters of one layer on one tensor-parallel rank, split as ``lora.py`` splits them
+    (``lora_split_dim``)."""
     total = 0
-    for name in targets:
-        out, inp, row = shapes[name]
-        total += rank * (inp // tp + out) if row else rank * (inp + out // tp)
+    for proj in targets:
+        out, inp = spec.projection_shape(proj)
+        for which, size in (("A", rank * inp), ("B", out * rank)):
+            total += size // (tp if lora_split_dim(proj, which) is not None else 1)
     return total
 
 

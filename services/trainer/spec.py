@@ -66,6 +66,37 @@ class ModelSpec(msgspec.Struct, frozen=True):
     def from_dir(cls, path: str | Path) -> ModelSpec:
         return cls.from_hf(json.loads((Path(path) / "config.json").read_text()))
 
+    def projection_shape(self, proj: str) -> tuple[int, int]:
+        """(out, in) of a Hugging Face projection's weight (``q_proj`` ... ``down_proj``)."""
+        h, q, kv, f = (
+            self.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.ffn_hidden_size,
+        )
+        return {
+            "q_proj": (q, h),
+            "k_proj": (kv, h),
+            "v_proj": (kv, h),
+            "o_proj": (h, q),
+            "gate_proj": (f, h),
+            "up_proj": (f, h),
+            "down_proj": (h, f),
+        }[proj]
+
+
+ROW_PARALLEL = frozenset({"o_proj", "down_proj"})
+"""Projections Megatron splits by input under tensor parallelism (row-parallel); the others by output."""
+
+
+def lora_split_dim(proj: str, which: str) -> int | None:
+    """The dimension tensor parallelism splits of a projection's LoRA matrix (``which``: A, rank x in; B, out x
+    rank): A's input columns under a row-parallel projection, B's output rows under a column-parallel one; None
+    where every rank holds it whole. Here, not in ``lora.py``, so that the memory plan needs no torch."""
+    if proj in ROW_PARALLEL:
+        return 1 if which == "A" else None
+    return 0 if which == "B" else None
+
 
 def padded_vocab(vocab_size: int, tp: int) -> int:
     """Vocab rows of the embedding and output layer: unchanged without TP (the exact Hugging Face shapes), else
