@@ -310,6 +310,25 @@ def check_fits(spec: ModelSpec, lay: PlanInput, gpu_gib: float) -> MemoryPlan:
     return p
 
 
+def resolve_recompute(setting: str, *, cuda: bool) -> str:
+    """``trainer.recompute`` with ``auto`` resolved: ``full`` on the CPU (memory is what a CPU run lacks, and the
+    rerun costs no measurable time there), ``selective`` on GPUs (Megatron's usual choice). Torch-free, so a
+    deployment's plan (tests/test_compose.py) resolves it exactly as the trainer in its container will."""
+    if setting != "auto":
+        return setting
+    return "selective" if cuda else "full"
+
+
+def resolve_layer_spec(setting: str, *, te_usable: bool) -> str:
+    """``trainer.layer_spec`` with ``auto`` resolved: ``te`` (fused attention) only where Transformer Engine is
+    installed and CUDA runs; ``te`` refused elsewhere. The runtime image has no Transformer Engine: ``local``."""
+    if setting == "auto":
+        return "te" if te_usable else "local"
+    if setting == "te" and not te_usable:
+        raise ValueError("trainer.layer_spec te needs Transformer Engine and CUDA; use local (or auto) here")
+    return setting
+
+
 def total_params(spec: ModelSpec) -> int:
     """The model's parameters (one copy; tied embeddings once)."""
     return stage_params(spec, 1, 1, 0)

@@ -103,23 +103,20 @@ def mark_tensor_parallel(model: Any) -> None:
 
 
 def recompute_for(setting: str) -> str:
-    """``trainer.recompute`` with ``auto`` resolved: ``full`` on the CPU (memory is what a CPU run lacks, and the
-    rerun costs no measurable time there), ``selective`` on GPUs (Megatron's usual choice)."""
-    if setting != "auto":
-        return setting
-    return "selective" if torch.cuda.is_available() else "full"
+    """``trainer.recompute`` with ``auto`` resolved on this machine (``memory.resolve_recompute``)."""
+    from services.trainer.memory import resolve_recompute
+
+    return resolve_recompute(setting, cuda=torch.cuda.is_available())
 
 
 def layer_spec_for(setting: str) -> str:
-    """``trainer.layer_spec`` with ``auto`` resolved; ``te`` refused where Transformer Engine cannot run."""
+    """``trainer.layer_spec`` with ``auto`` resolved on this machine (``memory.resolve_layer_spec``)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
+    from services.trainer.memory import resolve_layer_spec
+
     usable = bool(getattr(gpt_layer_specs, "HAVE_TE", False)) and torch.cuda.is_available()
-    if setting == "auto":
-        return "te" if usable else "local"
-    if setting == "te" and not usable:
-        raise ValueError("trainer.layer_spec te needs Transformer Engine and CUDA; use local (or auto) here")
-    return setting
+    return resolve_layer_spec(setting, te_usable=usable)
 
 
 def build_model(

@@ -48,6 +48,7 @@ from services.trainer.checkpoints import (
 )
 from services.trainer.collective import barrier, broadcast
 from services.trainer.parallel import ParallelLayout
+from services.trainer.rank_thread import RankThread
 from services.trainer.safetensors_stream import Entry
 from services.trainer.step import StepStats
 
@@ -367,11 +368,7 @@ async def run_trainer(
     config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
 ) -> None:
     """Run until SIGTERM/SIGINT, ``stop``, or ``trainer.max_steps`` steps; a step in progress completes."""
-    import signal
-
     from services.model_store import cache_dir
-    from services.trainer.model import shutdown_parallel
-    from services.trainer.policy import Policy
 
     tc = config.trainer
     if not tc.hf_checkpoint:
@@ -381,10 +378,33 @@ async def run_trainer(
     store = TrainerStore(root)
     if layout.rank == 0:
         serve_metrics(config.metrics.port, config.metrics.host)
-    policy = await asyncio.to_thread(Policy.from_hf, tc.hf_checkpoint, tc, layout)
+    torch_thread = RankThread(layout.local_rank)  # every torch call of this rank, on its device
+    try:
+        await _run_rank(config, layout, store, torch_thread, install_signals=install_signals, stop=stop)
+    finally:
+        torch_thread.close()
+
+
+async def _run_rank(
+    config: Config,
+    layout: ParallelLayout,
+    store: TrainerStore,
+    torch_thread: RankThread,
+    *,
+    install_signals: bool,
+    stop: asyncio.Event | None,
+) -> None:
+    import signal
+
+    from services.trainer.model import shutdown_parallel
+    from services.trainer.policy import Policy
+
+    tc = config.trainer
+    root = store.root
+    policy = await torch_thread.run(Policy.from_hf, tc.hf_checkpoint, tc, layout)
     if layout.rank != 0:  # only rank 0 talks to Kafka; the others follow its commands
-        await asyncio.to_thread(follow, policy, store, tc.checkpoint_async)
-        await asyncio.to_thread(shutdown_parallel, layout)
+        await torch_thread.run(follow, policy, store, tc.checkpoint_async)
+        await torch_thread.run(shutdown_parallel, layout)
         return
     stop = stop or asyncio.Event()
     if install_signals:
@@ -392,7 +412,7 @@ async def run_trainer(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     trainer = TrainerLoop(config, policy, store, tc.hf_checkpoint)
-    resumed = await asyncio.to_thread(trainer.resume)
+    resumed = await torch_thread.run(trainer.resume)
 
     kafka = config.kafka
     topic = SAMPLES.name(kafka.namespace)
@@ -457,7 +477,7 @@ async def run_trainer(
                             "after the last full checkpoint cannot be rebuilt"
                         )
                     break
-                await asyncio.to_thread(trainer.train, replayed)
+                await torch_thread.run(trainer.train, replayed)
                 trainer.replayed(replayed)
                 if not trainer.replay:
                     pending.after_replay({int(p): o for p, o in record.offsets.items()}, trainer.fresh)
@@ -465,8 +485,8 @@ async def run_trainer(
                 samples = pending.take(tc.rollout_batch_size)
                 offsets = pending.safe_offsets()
                 checkpoint = trainer.checkpoint_due()
-                stats = await asyncio.to_thread(trainer.train, samples, checkpoint)
-                announcement = await asyncio.to_thread(trainer.persist, samples, offsets, checkpoint)
+                stats = await torch_thread.run(trainer.train, samples, checkpoint)
+                announcement = await torch_thread.run(trainer.persist, samples, offsets, checkpoint)
                 announcement = msgspec.structs.replace(
                     announcement,
                     sample_ids=[s.sample_id for s in samples],
@@ -483,14 +503,14 @@ async def run_trainer(
         clean = True
     finally:
         if clean:
-            await asyncio.to_thread(trainer.stop)
+            await torch_thread.run(trainer.stop)
         elif not layout.distributed:  # let a background checkpoint finish; its error is not the one to report
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(trainer.writer.wait)
+                await torch_thread.run(trainer.writer.wait)
         await consumer.stop()
         await producer.stop()
         if clean:
-            await asyncio.to_thread(shutdown_parallel, layout)
+            await torch_thread.run(shutdown_parallel, layout)
 
 
 async def _at_end(consumer: Any, tps: list[TopicPartition]) -> bool:

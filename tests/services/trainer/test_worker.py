@@ -210,3 +210,35 @@ def test_a_failed_publish_leaves_the_loop_at_its_last_recorded_step(tmp_path: Pa
         loop.persist([make_sample(i) for i in range(4)], {0: 8}, checkpoint=False)
     assert (loop.version, loop.trained, loop.offsets, loop.since_checkpoint) == (0, [], {0: 4}, 0)
     assert store.newest_version() == 0 and not (tmp_path / "weights" / "versions" / "v1").exists()
+
+
+async def test_every_torch_call_of_the_trainer_runs_on_its_rank_thread(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading, resuming, training and publishing all run on the one thread bound to the rank's device (on a GPU,
+    a call on any other thread would compute on cuda:0)."""
+    import threading
+
+    from services.trainer import rank_thread, worker
+    from services.trainer.policy import Policy
+
+    bound: list[int] = []
+    monkeypatch.setattr(rank_thread, "bind_device", lambda rank: bound.append(threading.get_ident()))
+    ran: dict[str, set[int]] = {}
+
+    def recorded(name: str, fn: object) -> object:
+        def call(*args: object, **kwargs: object) -> object:
+            ran.setdefault(name, set()).add(threading.get_ident())
+            return fn(*args, **kwargs)  # type: ignore[operator]
+
+        return call
+
+    monkeypatch.setattr(Policy, "from_hf", staticmethod(recorded("from_hf", Policy.from_hf)))
+    monkeypatch.setattr(Policy, "train", recorded("train", Policy.train))
+    for name in ("resume", "persist", "stop"):
+        monkeypatch.setattr(worker.TrainerLoop, name, recorded(name, getattr(worker.TrainerLoop, name)))
+    await publish(kafka, [make_sample(i) for i in range(4)])
+    await run(config(kafka, tiny_llama, tmp_path / "weights", max_steps=1))
+    assert len(bound) == 1 and bound[0] != threading.get_ident()
+    assert set(ran) == {"from_hf", "resume", "train", "persist", "stop"}
+    assert all(threads == {bound[0]} for threads in ran.values()), ran
