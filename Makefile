@@ -1,5 +1,5 @@
 # turnstream developer entry points. Heavy installs live in ~/.cache/turnstream (TURNSTREAM_CACHE).
-.PHONY: setup run test lint format services-up services-down clean
+.PHONY: setup run test lint format services-up services-down rehearse clean
 
 setup:            ## venvs (cached by lock hash: the services', SGLang's), Kafka jars, redis-server
 	bash scripts/setup-venv.sh
@@ -13,6 +13,9 @@ run:              ## set up and run the main job on the embedded defaults
 
 test:             ## set up and run lint + the whole test suite (real Kafka and Redis)
 	bash scripts/test.sh
+
+rehearse:         ## the GPU-host compose deployment in real containers on this CPU machine (docs/gpu-host.md)
+	bash scripts/rehearse.sh
 
 lint:             ## ruff (checks, formatting) and mypy (schemas/, services/)
 	bash scripts/setup-venv.sh

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Validate and resolve compose files as `docker compose config` does; prints the resolved project as JSON.
 #   bash scripts/compose-config.sh [compose.yaml ...]
-# Uses `docker compose` where the compose plugin is installed. Elsewhere (this project's machines have the docker
-# client but no plugin) it builds scripts/compose-check: the same loader, compose-go, from the Go module proxy,
-# cached by the hash of its sources. Needs Go >= 1.26 (found on PATH or in /usr/local/go).
+# Uses the real `docker compose config` where the compose plugin is installed, or where `make rehearse`
+# (scripts/rehearse/engine.sh) has built it into the cache; the plugin needs no daemon for this. Elsewhere it builds
+# scripts/compose-check: the same loader, compose-go, from the Go module proxy, cached by the hash of its sources.
+# Needs Go >= 1.26 (found on PATH or in /usr/local/go).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -11,10 +12,14 @@ cd "$REPO_ROOT"
 files=("$@")
 [[ ${#files[@]} -gt 0 ]] || files=(compose.yaml)
 
+args=()
+for f in "${files[@]}"; do args+=(-f "$f"); done
 if docker compose version >/dev/null 2>&1; then
-    args=()
-    for f in "${files[@]}"; do args+=(-f "$f"); done
     exec docker compose "${args[@]}" config --format json
+fi
+plugin="$TURNSTREAM_CACHE/docker/config/cli-plugins/docker-compose"
+if [[ -x "$plugin" ]]; then
+    exec "$plugin" "${args[@]}" config --format json
 fi
 
 src=scripts/compose-check

@@ -201,11 +201,44 @@ def test_sglang_is_pinned_to_the_tested_version_with_raw_logprobs_and_parsers() 
 
 def test_the_dockerfile_copies_what_exists_and_runs_the_cli() -> None:
     text = (REPO / "Dockerfile").read_text()
-    for source in re.findall(r"^COPY (.+) \S+$", text, re.M):
+    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
         for path in source.split():
             assert (REPO / path).exists(), path
     assert 'ENTRYPOINT ["python", "-m", "services.cli"]' in text
-    assert "requirements.lock" in text and "uv pip sync" in text
+    assert "uv pip sync" in text
+
+
+def dockerfile_stage(name: str) -> str:
+    """One stage of the Dockerfile, from its FROM line to the next."""
+    text = (REPO / "Dockerfile").read_text()
+    match = re.search(rf"^FROM .* AS {name}\n(.*?)(?=^FROM |\Z)", text, re.M | re.S)
+    assert match, name
+    return match.group(1)
+
+
+def _pins(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)", path.read_text(), re.M))
+
+
+def test_the_runtime_image_installs_the_services_dependencies_and_no_dev_tools() -> None:
+    """requirements-runtime.lock is requirements.lock without the dev extras, at the same versions (what the
+    suite tests is what the image runs), and it is what the Dockerfile's runtime stage installs."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    runtime, full = _pins(REPO / "requirements-runtime.lock"), _pins(REPO / "requirements.lock")
+    drifted = {name: (v, full.get(name)) for name, v in runtime.items() if full.get(name) != v}
+    assert not drifted, f"regenerate with the command at the top of requirements-runtime.lock: {drifted}"
+    for dep in project["dependencies"]:
+        name, version = dep.split("==")
+        assert runtime.get(name) == version, dep
+    for dep in project["optional-dependencies"]["dev"]:
+        name = dep.split("==")[0]
+        assert name not in runtime, f"{name} is a dev tool: not in the runtime image"
+    stage = dockerfile_stage("runtime")
+    assert "uv pip sync --system --no-cache requirements-runtime.lock" in stage
+    steps = [line for line in stage.splitlines() if line.startswith(("COPY", "RUN"))]
+    assert not any("requirements.lock" in line for line in steps), "the dev lock stays out of the image"
 
 
 def test_an_invalid_compose_file_is_rejected(tmp_path: Path) -> None:
@@ -310,11 +343,7 @@ def yaml_load(path: Path) -> Any:
 
 def test_the_one_gpu_layout_serves_policy_judge_and_teacher_from_one_lora_engine() -> None:
     """compose.one-gpu.yaml over compose.yaml: no judge/teacher server, its users on the policy server, which serves
-    adapters of the trainer's rank and targets; everything on GPU 0, and the two memory shares fit an H200 with
-    Qwen3-4B by the trainer's memory plan."""
-    from services.trainer.memory import GIB, for_trainer, plan
-    from services.trainer.spec import ModelSpec
-
+    adapters of the trainer's rank and targets; everything on GPU 0 (that the shares fit: the recipes' test)."""
     out = resolve("compose.yaml", "compose.one-gpu.yaml")
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)["services"]
@@ -337,12 +366,125 @@ def test_the_one_gpu_layout_serves_policy_judge_and_teacher_from_one_lora_engine
     at = cmd.index("--lora-target-modules")
     assert cmd[cmd.index("--max-lora-rank") + 1] == str(lora.rank) and "--enable-lora" in cmd
     assert cmd[at + 1 : at + 1 + len(lora.target_modules)] == lora.target_modules
-    fraction = float(cmd[cmd.index("--mem-fraction-static") + 1])
-    spec = ModelSpec.from_dir(REPO / "tests/services/trainer/configs/qwen3-4b")
-    tc = configs["trainer"].trainer
-    planned = plan(
-        spec, for_trainer(tc, tp=1, pp=1, dp=1, dtype_bytes=2, recompute=tc.recompute, fused_attention=True)
+    assert s["trainer"]["environment"]["TURNSTREAM_TRAINER_RECOMPUTE"] == "full"
+
+
+H200_GIB = 139.0
+"""An H200's memory as torch reports it (141 GB on the box)."""
+SGLANG_OVERHEAD_GIB = 8.0
+"""What an SGLang server takes beyond ``--mem-fraction-static`` (weights and KV cache): its CUDA context, CUDA
+graphs, a prefill chunk's activations."""
+RECIPES = sorted((REPO / "deploy" / "recipes").glob("*.env"))
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    pairs = (
+        line.split("=", 1) for line in path.read_text().splitlines() if line and not line.startswith("#")
     )
-    h200 = 141.0
-    assert planned.total / GIB <= tc.gpu_memory_gib, "the trainer's share holds its plan"
-    assert fraction * h200 + tc.gpu_memory_gib <= h200 - 16, "room for the CUDA contexts and the allocator"
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def image_has_transformer_engine(target: str) -> bool:
+    """Whether the Dockerfile's ``target`` installs Transformer Engine: the runtime image syncs
+    requirements-runtime.lock, which must not name it; only the te stage adds it."""
+    runtime = dockerfile_stage("runtime")
+    assert "requirements-runtime.lock" in runtime
+    lock = (REPO / "requirements-runtime.lock").read_text()
+    assert "transformer-engine" not in lock and "transformer_engine" not in lock
+    assert "transformer-engine==2.11.0" in dockerfile_stage("te"), "the te target adds it"
+    return target == "te"
+
+
+def test_there_are_recipes() -> None:
+    assert {p.name for p in RECIPES} >= {"one-gpu-lora.env", "one-gpu-full.env", "eight-gpu.env"}
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_fits_its_gpus_with_the_image_and_settings_compose_gives_it(recipe: Path) -> None:
+    """Each deploy/recipes file, resolved as compose resolves it, planned as the trainer in that container plans
+    (recompute and attention resolved for CUDA and the image's Transformer Engine or not), fits its cap; and on
+    every GPU the SGLang servers' shares plus the trainer's cap fit an H200."""
+    from services.trainer.memory import GIB, for_trainer, plan, resolve_layer_spec, resolve_recompute
+    from services.trainer.spec import ModelSpec
+
+    env = read_env_file(recipe)
+    files = env.pop("COMPOSE_FILE", "compose.yaml").split(":")
+    out = resolve(*files, **env)
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    trainer = services["trainer"]
+    tc = load_config(env={k: v for k, v in trainer["environment"].items() if v is not None}).trainer
+    nproc = int(trainer["entrypoint"][trainer["entrypoint"].index("--nproc-per-node") + 1])
+    trainer_gpus = gpus(trainer)[0].split(",")
+    assert len(trainer_gpus) == nproc, "one torchrun process per GPU given"
+    te = image_has_transformer_engine(env.get("TURNSTREAM_BUILD_TARGET", "runtime"))
+    tp, pp = tc.tensor_parallel, tc.pipeline_parallel
+    lay = for_trainer(
+        tc,
+        tp=tp,
+        pp=pp,
+        dp=nproc // (tp * pp),
+        dtype_bytes=2,
+        recompute=resolve_recompute(tc.recompute, cuda=True),
+        fused_attention=resolve_layer_spec(tc.layer_spec, te_usable=te) == "te",
+    )
+    spec = ModelSpec.from_dir(
+        REPO / "tests/services/trainer/configs" / Path(env["POLICY_MODEL"]).name.lower()
+    )
+    planned = plan(spec, lay).total / GIB
+    sglang: dict[str, float] = {}
+    for name, service in services.items():
+        if name.startswith("sglang-"):
+            cmd = service["command"]
+            share = float(cmd[cmd.index("--mem-fraction-static") + 1]) * H200_GIB + SGLANG_OVERHEAD_GIB
+            for gpu in gpus(service)[0].split(","):
+                sglang[gpu] = sglang.get(gpu, 0.0) + share
+    shared = any(g in sglang for g in trainer_gpus)
+    assert tc.gpu_memory_gib or not shared, (
+        "a trainer beside SGLang needs a cap: free memory depends on order"
+    )
+    cap = tc.gpu_memory_gib or H200_GIB
+    assert planned <= cap, f"{recipe.name}: the trainer plans {planned:.1f} GiB, over its {cap:.0f} GiB"
+    for gpu in {*sglang, *trainer_gpus}:
+        used = sglang.get(gpu, 0.0) + (cap if gpu in trainer_gpus else 0.0)
+        assert used <= H200_GIB, f"{recipe.name}: GPU {gpu} holds {used:.1f} GiB"
+
+
+@pytest.mark.parametrize("layout", [[], ["compose.one-gpu.yaml"]], ids=["two-engines", "one-gpu"])
+def test_the_cpu_rehearsal_overlay_replaces_images_gpus_and_precision_and_nothing_else(
+    layout: list[str],
+) -> None:
+    """What `make rehearse` runs is what ships: compose.cpu.yaml may swap images (stand-ins), drop GPU
+    reservations and set the trainer's precision (bf16 refuses a machine without a GPU); every other key of every
+    service (commands, environment, volumes, users, health checks, dependencies) is compose.yaml's."""
+    shipped = resolve("compose.yaml", *layout)
+    rehearsed = resolve("compose.yaml", *layout, "compose.cpu.yaml")
+    assert shipped.returncode == 0 and rehearsed.returncode == 0, shipped.stderr + rehearsed.stderr
+    before, after = json.loads(shipped.stdout)["services"], json.loads(rehearsed.stdout)["services"]
+    assert set(before) == set(after)
+    allowed = {"image", "deploy"}
+    for name, service in before.items():
+        changed = {k for k in service.keys() | after[name].keys() if service.get(k) != after[name].get(k)}
+        if name == "trainer":
+            env_changed = {
+                k
+                for k in service["environment"].keys() | after[name]["environment"].keys()
+                if service["environment"].get(k) != after[name]["environment"].get(k)
+            }
+            assert env_changed == {"TURNSTREAM_TRAINER_PRECISION"}
+            assert after[name]["environment"]["TURNSTREAM_TRAINER_PRECISION"] == "fp32"
+            changed -= {"environment"}
+        assert changed <= allowed, f"{name}: {changed - allowed}"
+        if name in OURS:
+            assert after[name]["image"] == service["image"], "turnstream's own image is the real Dockerfile's"
+        assert "deploy" not in after[name] or not after[name]["deploy"].get("resources")
+
+
+def test_the_validator_loads_compose_files_as_the_rehearsed_docker_compose_does() -> None:
+    """scripts/compose-check (CI, where no plugin is built) is the compose-go that Docker Compose v2.40.3, the
+    rehearsal's plugin, is built on: a newer one resolved `!reset` through a YAML alias where compose did not."""
+    plugin = (REPO / "scripts/rehearse/compose-plugin/go.mod").read_text()
+    check = (REPO / "scripts/compose-check/go.mod").read_text()
+    pattern = r"github.com/compose-spec/compose-go/v2 (v[0-9.]+)"
+    assert re.search(pattern, check) and re.search(pattern, plugin)
+    assert re.search(pattern, check).group(1) == re.search(pattern, plugin).group(1)  # type: ignore[union-attr]

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# `make rehearse`: the GPU-host deployment (`docker compose up`) rehearsed in real containers on a machine without a
+# GPU or Docker Hub, driven from the host as a user would drive it.
+#
+#   1. a Docker engine (scripts/rehearse/engine.sh: started if none answers, Debian's docker.io installed when
+#      missing, its own data root and socket under the cache) and the compose plugin (built once, cached);
+#   2. local stand-ins for the images that cannot be pulled here (scripts/rehearse/images.sh: Debian base, Kafka
+#      4.4.0 from the Maven jars, Redis and Prometheus from Debian, SGLang 0.5.23 from the locked CPU venv);
+#      Grafana has none and stays out;
+#   3. turnstream's image from the real Dockerfile (runtime target; only BASE_IMAGE differs);
+#   4. per layout (two engines: compose.yaml; one GPU with LoRA: + compose.one-gpu.yaml), with compose.cpu.yaml
+#      over it (images, GPU reservations, trainer precision: nothing else), SmolLM2 as the model and SGLang's CPU
+#      flags in POLICY_SGLANG_ARGS/TEACHER_SGLANG_ARGS: up; the OpenAI SDK through the published proxy port (multi-
+#      turn sessions, streamed and not, OpenClaw-RL's session headers); turns recorded, paired, judged, taught,
+#      sampled, trained; the policy server loads the version from the shared volume and a new turn carries it;
+#      the console and Prometheus answer and every Prometheus target is up; `down` and `up` again: the volumes
+#      keep the state, the trainer resumes, versions go on and no sample is trained twice; `down -v`.
+#
+# It prints PASS/FAIL per check and the time, exits non-zero on any failure, and removes what it started
+# (containers, networks, volumes), leaving the image cache. REHEARSE_LAYOUTS="two-engines one-gpu" (default) picks
+# layouts; REHEARSE_KEEP=1 leaves the last layout running.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+started=$(date +%s)
+LAYOUTS="${REHEARSE_LAYOUTS:-two-engines one-gpu}"
+results=()
+failures=0
+
+checks() {  # checks COMMAND...: run it, keep and print the PASS/FAIL lines it prints (the rest goes to stderr)
+    local line
+    while IFS= read -r line; do
+        if [[ "$line" != PASS* && "$line" != FAIL* ]]; then printf '%s\n' "$line" >&2; continue; fi
+        results+=("[$layout] $line")
+        [[ "$line" == FAIL* ]] && failures=$((failures + 1))
+        printf '%s\n' "[$layout] $line"
+    done < <("$@" 2>&1 || true)
+}
+verdict() {  # verdict WHAT COMMAND...: PASS when the command succeeds
+    local what="$1"; shift
+    if "$@" >/dev/null 2>&1; then echo "PASS $what"; else echo "FAIL $what"; fi
+}
+
+bash scripts/rehearse/engine.sh start
+eval "$(bash scripts/rehearse/engine.sh env)"
+docker compose version >/dev/null || die "the compose plugin did not come up"
+
+log "stand-in images (cached)"
+bash scripts/rehearse/images.sh
+base_image="turnstream-rehearse/debian-base:bookworm"
+export TURNSTREAM_IMAGE="turnstream-rehearse/turnstream:latest"
+log "turnstream's image from the real Dockerfile (runtime target, BASE_IMAGE=$base_image)"
+build_started=$(date +%s)
+docker build -q --target runtime --build-arg BASE_IMAGE="$base_image" -t "$TURNSTREAM_IMAGE" . >/dev/null
+log "turnstream image built in $(( $(date +%s) - build_started )) s"
+
+bash scripts/setup-venv.sh
+models="$TURNSTREAM_CACHE/rehearse/models"
+if [[ ! -f "$models/smollm2/config.json" ]]; then
+    rm -rf "$models"; mkdir -p "$models"
+    cp -r "$(.venv/bin/turnstream models fetch smollm2 | tail -1)" "$models/smollm2"
+fi
+chmod -R a+rX "$models"  # the services run as uid 10001 and read the model folder
+
+cpu_flags="$(.venv/bin/python -c 'from services.engine.launch import CPU_FLAGS; print(" ".join(CPU_FLAGS))')"
+export MODELS_DIR="$models" POLICY_MODEL=/models/smollm2
+export PROXY_PORT="${REHEARSE_PROXY_PORT:-18000}" CONSOLE_PORT="${REHEARSE_CONSOLE_PORT:-18080}"
+export PROMETHEUS_PORT="${REHEARSE_PROMETHEUS_PORT:-19090}"
+export ROLLOUT_BATCH_SIZE=2 TRAINER_CHECKPOINT_EVERY_STEPS=1 TURNSTREAM_LOG_LEVEL=INFO
+proxy="http://127.0.0.1:$PROXY_PORT"
+
+compose() { docker compose "${files[@]}" "$@"; }
+in_network() {  # a check inside turnstream's image on the compose network (Kafka advertises kafka:9092)
+    compose run --rm --no-deps -v "$REPO_ROOT/scripts/rehearse:/rehearse:ro" --entrypoint python proxy "$@"
+}
+up() {
+    # every service but grafana (no stand-in); compose starts them in dependency order and waits on health
+    local services
+    services="$(compose config --services | grep -vx grafana | tr '\n' ' ')"
+    # shellcheck disable=SC2086
+    compose up -d $services
+    wait_for 900 curl -fsS "$proxy/healthz"
+}
+targets_up() {
+    curl -fsS "http://127.0.0.1:$PROMETHEUS_PORT/api/v1/targets" | .venv/bin/python -c '
+import json, sys
+targets = json.load(sys.stdin)["data"]["activeTargets"]
+down = [t["scrapeUrl"] for t in targets if t["health"] != "up"]
+print(len(targets), "targets;", "down:", down or "none")
+sys.exit(1 if down or not targets else 0)'
+}
+cleanup() {
+    local rc=$?
+    if [[ ${#files[@]} -gt 0 && -z "${REHEARSE_KEEP:-}" ]]; then
+        compose down -v --remove-orphans >/dev/null 2>&1 || true
+    fi
+    return $rc
+}
+files=()
+trap cleanup EXIT
+
+for layout in $LAYOUTS; do
+    layout_started=$(date +%s)
+    case "$layout" in
+        two-engines) files=(-f compose.yaml -f compose.cpu.yaml); lora_flags="" ;;
+        one-gpu) files=(-f compose.yaml -f compose.one-gpu.yaml -f compose.cpu.yaml)
+            lora_flags="--lora-backend torch_native" ;;  # SGLang's one LoRA backend without GPU kernels
+        *) die "unknown layout $layout (two-engines, one-gpu)" ;;
+    esac
+    export COMPOSE_PROJECT_NAME="turnstream-rehearse-$layout"
+    export POLICY_SGLANG_ARGS="$cpu_flags --max-total-tokens 16384 $lora_flags" TEACHER_SGLANG_ARGS="$cpu_flags --max-total-tokens 16384"
+    compose down -v --remove-orphans >/dev/null 2>&1 || true
+    log "[$layout] up (${files[*]})"
+    checks verdict "up: the proxy answers on $proxy" up
+    if [[ $failures -gt 0 ]]; then compose ps -a; compose logs --tail 60; break; fi
+    log "[$layout] Grafana has no stand-in here (no registry ships it): left out of the rehearsal"
+
+    checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 3 --tag a
+    checks in_network /rehearse/pipeline_check.py flow 1 --within 900
+    checks .venv/bin/python scripts/rehearse/client.py served "$proxy/v1" 1 --within 300
+    checks verdict "the console answers" curl -fsS "http://127.0.0.1:$CONSOLE_PORT/healthz"
+    sleep 20  # one scrape interval (15 s) after everything is up
+    checks verdict "Prometheus answers and every target is up" targets_up
+    checks in_network /rehearse/pipeline_check.py lineage
+    before="$(in_network /rehearse/pipeline_check.py counts 2>/dev/null | tail -1)"
+
+    log "[$layout] down and up again: the volumes keep the state"
+    compose down >/dev/null 2>&1
+    checks verdict "up again after down" up
+    after="$(in_network /rehearse/pipeline_check.py counts 2>/dev/null | tail -1)"
+    checks verdict "the topics kept their records over down/up ($before)" test "$before" = "$after"
+    checks verdict "the trainer resumed from its checkpoint" sh -c "docker compose ${files[*]} logs trainer | grep -q 'resumed from checkpoint'"
+    version="$(.venv/bin/python -c 'import json,sys; print(json.loads(sys.argv[1])["weights"] + 1)' "$after")"
+    checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 3 --tag b
+    checks in_network /rehearse/pipeline_check.py flow "$version" --within 900
+    checks in_network /rehearse/pipeline_check.py lineage
+    [[ $failures -eq 0 ]] || compose logs --tail 40 trainer proxy
+    log "[$layout] $(( $(date +%s) - layout_started )) s"
+    if [[ -z "${REHEARSE_KEEP:-}" ]]; then compose down -v --remove-orphans >/dev/null 2>&1; fi
+done
+
+printf '\n%s\n' "rehearsal: ${#results[@]} checks, $failures failed, $(( $(date +%s) - started )) s"
+for line in "${results[@]}"; do printf '  %s\n' "$line"; done
+[[ $failures -eq 0 ]]

@@ -1,0 +1,91 @@
+"""The rehearsal's checks of the pipeline itself, run inside turnstream's image on the compose network (Kafka
+advertises ``kafka:9092``, which only that network resolves).
+
+    python pipeline_check.py flow VERSION [--within S]   # turns recorded, paired, judged, taught, sampled, and
+                                                          # weight versions up to VERSION published
+    python pipeline_check.py lineage                      # every published version trained distinct samples
+    python pipeline_check.py counts                       # the topics' record counts as JSON (for down/up)
+
+Every check prints ``PASS <what>`` or ``FAIL <what>: <why>``; a failure exits 1. Settings come from the environment
+compose gives turnstream's services (TURNSTREAM_KAFKA_*).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED, WEIGHTS, TopicSpec
+from services.bus import read_topic
+from services.config import load_config
+
+FLOW = (("turns recorded", TURNS), ("turns paired", TURNS_PAIRED), ("turns judged", JUDGMENTS))
+failed = False
+
+
+def check(ok: bool, what: str, why: str = "") -> None:
+    global failed
+    print(f"{'PASS' if ok else 'FAIL'} {what}" + ("" if ok else f": {why}"), flush=True)
+    failed |= not ok
+
+
+async def events(spec: TopicSpec) -> list[Any]:
+    return [r.event async for r in read_topic(load_config().kafka, spec, skip_undecodable=True)]
+
+
+async def counts() -> dict[str, int]:
+    specs = (TURNS, TURNS_PAIRED, JUDGMENTS, TEACHER, SAMPLES, WEIGHTS, DEADLETTER)
+    return {spec.base: len(await events(spec)) for spec in specs}
+
+
+async def flow(version: int, within_s: float) -> None:
+    """Wait (up to ``within_s``) until every stage has records and ``version`` is published, then report each."""
+    deadline = time.monotonic() + within_s
+    while True:
+        seen = await counts()
+        published = max((w.version for w in await events(WEIGHTS)), default=0)
+        teacher_or_rl = seen[TEACHER.base] > 0 or all(s.kind == "rl" for s in await events(SAMPLES))
+        done = all(seen[spec.base] for _, spec in FLOW) and seen[SAMPLES.base] and published >= version
+        if (done and teacher_or_rl) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(5)
+    for what, spec in FLOW:
+        check(seen[spec.base] > 0, f"{what} ({seen[spec.base]})", "none within the time")
+    kinds = sorted({s.kind for s in await events(SAMPLES)})
+    check(seen[TEACHER.base] > 0, f"turns scored by the teacher ({seen[TEACHER.base]})", "none")
+    check(seen[SAMPLES.base] > 0, f"samples dispatched ({seen[SAMPLES.base]}, kinds {kinds})", "none")
+    check(published >= version, f"trained: weight version {published} published (wanted {version})", "")
+    check(seen[DEADLETTER.base] == 0, "no dead letters", f"{seen[DEADLETTER.base]} records dead-lettered")
+
+
+async def lineage() -> None:
+    published = await events(WEIGHTS)
+    versions = [w.version for w in published]
+    trained = [sid for w in published for sid in w.sample_ids]
+    check(
+        versions == list(range(1, len(versions) + 1)),
+        f"versions announced once each, in order ({versions})",
+        "a gap or a repeat",
+    )
+    check(
+        len(trained) == len(set(trained)) > 0,
+        f"no sample trained twice ({len(trained)} samples over {len(versions)} versions)",
+        f"{len(trained) - len(set(trained))} repeated",
+    )
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["flow"]:
+        within = float(args[args.index("--within") + 1]) if "--within" in args else 900.0
+        asyncio.run(flow(int(args[1]), within))
+    elif args[:1] == ["lineage"]:
+        asyncio.run(lineage())
+    elif args[:1] == ["counts"]:
+        print(json.dumps(asyncio.run(counts())))
+    else:
+        sys.exit(__doc__)
+    sys.exit(1 if failed else 0)
