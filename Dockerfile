@@ -34,9 +34,11 @@ COPY schemas ./schemas
 COPY services ./services
 COPY examples ./examples
 
+# The mount points of compose's named volumes exist here, owned by the user: a new volume takes its owner from the
+# image, and a root-owned one would be read-only to the services (the console's /console was, at first contact).
 RUN useradd --create-home --uid 10001 turnstream \
-    && mkdir -p /var/cache/turnstream /spool /weights \
-    && chown turnstream /var/cache/turnstream /spool /weights
+    && mkdir -p /var/cache/turnstream /spool /weights /console \
+    && chown turnstream /var/cache/turnstream /spool /weights /console
 USER turnstream
 
 ENTRYPOINT ["python", "-m", "services.cli"]

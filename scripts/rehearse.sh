@@ -67,6 +67,10 @@ export MODELS_DIR="$models" POLICY_MODEL=/models/smollm2
 export PROXY_PORT="${REHEARSE_PROXY_PORT:-18000}" CONSOLE_PORT="${REHEARSE_CONSOLE_PORT:-18080}"
 export PROMETHEUS_PORT="${REHEARSE_PROMETHEUS_PORT:-19090}"
 export ROLLOUT_BATCH_SIZE=2 TRAINER_CHECKPOINT_EVERY_STEPS=1 TURNSTREAM_LOG_LEVEL=INFO
+# SmolLM2's context is 8,192 tokens: a judge answer of combine's default 8,192 plus the prompt is refused by SGLang.
+# And SmolLM2 cannot follow the judge's prompt (its votes parse as no verdict and no hint, so nothing would train):
+# the rehearsal's judge is the rules backend, on the real judge service and topics (JUDGE_BACKEND, as a user sets it).
+export PRM_MAX_NEW_TOKENS=512 JUDGE_BACKEND="${REHEARSE_JUDGE_BACKEND:-rules}"
 proxy="http://127.0.0.1:$PROXY_PORT"
 
 compose() { docker compose "${files[@]}" "$@"; }

@@ -134,7 +134,8 @@ def test_judges_scale_and_a_second_judge_group_attaches(default: dict[str, Any])
     assert alt["environment"]["TURNSTREAM_JUDGE_JUDGE_ID"] == "strict"
     assert alt["environment"]["TURNSTREAM_JUDGE_PROMPTS_DIR"] == "/models/prompts"
     assert (
-        load_config(env=alt["environment"]).judge.group_id == "turnstream-judge-strict"
+        load_config(env={k: v for k, v in alt["environment"].items() if v is not None}).judge.group_id
+        == "turnstream-judge-strict"
     )  # a group of its own
 
 
@@ -488,3 +489,38 @@ def test_the_validator_loads_compose_files_as_the_rehearsed_docker_compose_does(
     pattern = r"github.com/compose-spec/compose-go/v2 (v[0-9.]+)"
     assert re.search(pattern, check) and re.search(pattern, plugin)
     assert re.search(pattern, check).group(1) == re.search(pattern, plugin).group(1)  # type: ignore[union-attr]
+
+
+def test_every_named_volume_a_service_writes_is_created_for_its_user_in_the_image(
+    default: dict[str, Any],
+) -> None:
+    """A new named volume takes its owner from the image's mount point; one the image lacks is root's, and a
+    service running as uid 10001 cannot write it (the console could not open its database at first contact)."""
+    dockerfile = dockerfile_stage("runtime")
+    made = re.search(r"mkdir -p ([^\n\\]+)", dockerfile)
+    owned = re.search(r"chown turnstream ([^\n\\]+)", dockerfile)
+    assert made and owned and "USER turnstream" in dockerfile
+    for name in OURS:
+        service = default["services"][name]
+        if service.get("user") == "root":
+            continue
+        for volume in service.get("volumes", []):
+            if volume["type"] == "volume" and not volume.get("read_only"):
+                target = volume["target"]
+                assert target in made.group(1).split() and target in owned.group(1).split(), (name, target)
+
+
+def test_the_judge_backend_and_its_answer_length_come_from_the_host() -> None:
+    """A judge model's context bounds its answers (SGLang refuses prompt + max_tokens over it: SmolLM2's 8,192 at
+    combine's default 8,192), and a judge may be the rules or a plugin: both are the host's to set."""
+    default = json.loads(resolve().stdout)["services"]["judge"]["environment"]
+    config = load_config(env={k: v for k, v in default.items() if v is not None})
+    assert config.judge.backend == "engine" and config.judge.max_tokens == 8192, "the mode's, as OpenClaw-RL"
+    out = resolve(PRM_MAX_NEW_TOKENS="512", JUDGE_BACKEND="rules", COMPOSE_PROFILES="judge-alt")
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    for name in ("judge", "judge-alt"):
+        env = {k: v for k, v in services[name]["environment"].items() if v is not None}
+        assert load_config(env=env).judge.max_tokens == 512, name
+    judge = {k: v for k, v in services["judge"]["environment"].items() if v is not None}
+    assert load_config(env=judge).judge.backend == "rules"

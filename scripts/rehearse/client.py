@@ -33,9 +33,11 @@ def check(ok: bool, what: str, why: str = "") -> None:
     failed |= not ok
 
 
-def version_of(extra: dict[str, Any] | None) -> int | None:
-    """The policy version SGLang's ``metadata`` names (the proxy relabels it with the adapter's under LoRA)."""
-    version = ((extra or {}).get("metadata") or {}).get("weight_version")
+def version_of(response: Any) -> int | None:
+    """The policy version SGLang's ``metadata`` names (the proxy relabels it with the adapter's under LoRA). The
+    SDK's ChatCompletion declares ``metadata``; a chunk keeps it among its extra fields."""
+    metadata = getattr(response, "metadata", None) or (response.model_extra or {}).get("metadata") or {}
+    version = metadata.get("weight_version")
     return None if version is None else int(version)
 
 
@@ -51,11 +53,11 @@ def turn(
     }
     if not stream:
         done = client.chat.completions.create(**args)
-        return done.choices[0].message.content or "", version_of(done.model_extra)
+        return done.choices[0].message.content or "", version_of(done)
     text: list[str] = []
     version = None
     for chunk in client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}):
-        version = version_of(chunk.model_extra) if version_of(chunk.model_extra) is not None else version
+        version = version_of(chunk) if version_of(chunk) is not None else version
         text += [c.delta.content or "" for c in chunk.choices]
     return "".join(text), version
 
@@ -87,7 +89,11 @@ def served(base_url: str, version: int, within_s: float) -> None:
     client = OpenAI(base_url=base_url, api_key="rehearsal", timeout=600, max_retries=0)
     deadline, seen = time.monotonic() + within_s, None
     while time.monotonic() < deadline:
-        headers = {"X-Session-Id": f"rehearse-served-{time.monotonic_ns()}", "X-Turn-Type": "main"}
+        headers = {
+            "X-Session-Id": f"rehearse-served-{time.monotonic_ns()}",
+            "X-Turn-Type": "main",
+            "X-Session-Done": "true",
+        }
         _, seen = turn(client, [{"role": "user", "content": QUESTIONS[0]}], headers, stream=False)
         if seen is not None and seen >= version:
             break
