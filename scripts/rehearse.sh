@@ -12,7 +12,8 @@
 #      over it (images, GPU reservations, trainer precision: nothing else), SmolLM2 as the model and SGLang's CPU
 #      flags in POLICY_SGLANG_ARGS/TEACHER_SGLANG_ARGS: up; the OpenAI SDK through the published proxy port (multi-
 #      turn sessions, streamed and not, OpenClaw-RL's session headers); turns recorded, paired, judged, taught,
-#      sampled, trained; the policy server loads the version from the shared volume and a new turn carries it;
+#      sampled, trained; the policy server loads the version from the shared volume (one-gpu: as a LoRA adapter
+#      beside the base) and a new turn carries it;
 #      the console and Prometheus answer and every Prometheus target is up; `down` and `up` again: the volumes
 #      keep the state, the trainer resumes, versions go on and no sample is trained twice; `down -v`.
 #
@@ -122,6 +123,7 @@ for layout in $LAYOUTS; do
     checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 3 --tag a
     checks in_network /rehearse/pipeline_check.py flow 1 --within 900
     checks .venv/bin/python scripts/rehearse/client.py served "$proxy/v1" 1 --within 300
+    checks in_network /rehearse/pipeline_check.py engine
     checks verdict "the console answers" curl -fsS "http://127.0.0.1:$CONSOLE_PORT/healthz"
     sleep 20  # one scrape interval (15 s) after everything is up
     checks verdict "Prometheus answers and every target is up" targets_up
@@ -133,7 +135,8 @@ for layout in $LAYOUTS; do
     checks verdict "up again after down" up
     after="$(in_network /rehearse/pipeline_check.py counts 2>/dev/null | tail -1)"
     checks verdict "the topics kept their records over down/up ($before)" test "$before" = "$after"
-    checks verdict "the trainer resumed from its checkpoint" sh -c "docker compose ${files[*]} logs trainer | grep -q 'resumed from checkpoint'"
+    resumed() { compose logs trainer | grep -q 'resumed from checkpoint'; }
+    checks verdict "the trainer resumed from its checkpoint" wait_for 300 resumed
     version="$(.venv/bin/python -c 'import json,sys; print(json.loads(sys.argv[1])["weights"] + 1)' "$after")"
     checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 3 --tag b
     checks in_network /rehearse/pipeline_check.py flow "$version" --within 900

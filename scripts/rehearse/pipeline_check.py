@@ -5,6 +5,8 @@ advertises ``kafka:9092``, which only that network resolves).
                                                           # weight versions up to VERSION published
     python pipeline_check.py lineage                      # every published version trained distinct samples
     python pipeline_check.py counts                       # the topics' record counts as JSON (for down/up)
+    python pipeline_check.py engine                       # the policy server holds the newest published version
+                                                          # (with LoRA: as an adapter beside the base)
 
 Every check prints ``PASS <what>`` or ``FAIL <what>: <why>``; a failure exits 1. Settings come from the environment
 compose gives turnstream's services (TURNSTREAM_KAFKA_*).
@@ -21,6 +23,7 @@ from typing import Any
 from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED, WEIGHTS, TopicSpec
 from services.bus import read_topic
 from services.config import load_config
+from services.engine_client import adapter_name
 
 FLOW = (("turns recorded", TURNS), ("turns paired", TURNS_PAIRED), ("turns judged", JUDGMENTS))
 failed = False
@@ -77,6 +80,39 @@ async def lineage() -> None:
     )
 
 
+async def engine() -> None:
+    """What the reloader made of the newest version, asked of the policy server itself."""
+    import httpx
+
+    config = load_config()
+    published = await events(WEIGHTS)
+    if not published:
+        check(False, "the policy server loaded a published version", "none published")
+        return
+    newest = max(published, key=lambda w: w.version)
+    want = "peft-lora" if config.lora_adapters else "hf-safetensors"
+    check(
+        {w.format for w in published} == {want},
+        f"versions are published as {want} ({newest.path})",
+        str({w.format for w in published}),
+    )
+    url = config.engine.url  # the proxy's engine: this check runs in its container
+    async with httpx.AsyncClient(timeout=30) as http:
+        deadline = time.monotonic() + 300
+        while True:
+            if config.lora_adapters:
+                served = [m["id"] for m in (await http.get(url + "/v1/models")).json()["data"]]
+                ok = adapter_name(newest.version) in served
+            else:
+                served = (await http.get(url + "/model_info")).json().get("weight_version")
+                ok = str(served) == str(newest.version)
+            if ok or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(3)
+    what = "as a LoRA adapter beside the base" if config.lora_adapters else "from the shared volume"
+    check(ok, f"the policy server holds version {newest.version} {what} ({served})", "")
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["flow"]:
@@ -84,6 +120,8 @@ if __name__ == "__main__":
         asyncio.run(flow(int(args[1]), within))
     elif args[:1] == ["lineage"]:
         asyncio.run(lineage())
+    elif args[:1] == ["engine"]:
+        asyncio.run(engine())
     elif args[:1] == ["counts"]:
         print(json.dumps(asyncio.run(counts())))
     else:
