@@ -524,3 +524,21 @@ def test_the_judge_backend_and_its_answer_length_come_from_the_host() -> None:
         assert load_config(env=env).judge.max_tokens == 512, name
     judge = {k: v for k, v in services["judge"]["environment"].items() if v is not None}
     assert load_config(env=judge).judge.backend == "rules"
+
+
+def test_the_host_driver_the_images_need_is_documented() -> None:
+    """Both torch wheels (the services' and SGLang's) pin CUDA 13.0 in their metadata and SGLang's image is a
+    -cu130 build: a CUDA 13.0 runtime needs driver R580 or newer, which the GPU-host docs must say."""
+    import importlib.metadata
+
+    requires = importlib.metadata.requires("torch") or []
+    toolkit = [r for r in requires if r.startswith("cuda-toolkit")]
+    assert toolkit and "==13.0" in toolkit[0], toolkit
+    sglang_torch = list(
+        (REPO / ".venv-sglang/lib/python3.11/site-packages").glob("torch-*.dist-info/METADATA")
+    )
+    assert sglang_torch and "cuda-toolkit[" in sglang_torch[0].read_text()
+    assert "==13.0" in re.search(r"cuda-toolkit\[[^\]]*\]==[0-9.]+", sglang_torch[0].read_text()).group(0)  # type: ignore[union-attr]
+    assert "-cu130" in json.loads(resolve().stdout)["services"]["sglang-policy"]["image"]
+    for doc in ("README.md", "docs/gpu-host.md"):
+        assert "R580 or newer" in (REPO / doc).read_text(), doc
