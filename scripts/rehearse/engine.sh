@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Docker engine and the compose plugin for the rehearsal (scripts/rehearse.sh), apart from anything else on the
 # machine: the daemon this script starts keeps its data, state and socket under $TURNSTREAM_CACHE/docker.
-#   bash scripts/rehearse/engine.sh start   use a daemon that answers at $DOCKER_HOST; else start ours (installing
+#   bash scripts/rehearse/engine.sh start   use a daemon that answers at $DOCKER_HOST or the system socket; else start ours (installing
 #                                           Debian's docker.io when dockerd is missing); build the plugin (cached)
 #   bash scripts/rehearse/engine.sh env     print the exports a caller needs: eval "$(bash ... env)"
 #   bash scripts/rehearse/engine.sh stop    stop the daemon this script started
@@ -23,9 +23,13 @@ SOCK="$ROOT/docker.sock"
 OUR_HOST="unix://$SOCK"
 PLUGINS="$ROOT/config/cli-plugins"
 
-exports() {
+SYSTEM_HOST="unix:///var/run/docker.sock"
+
+exports() {  # the daemon to use: $DOCKER_HOST's, else a system daemon's, else ours
     local host="${DOCKER_HOST:-}"
-    if [[ -z "$host" ]] || ! DOCKER_HOST="$host" docker info >/dev/null 2>&1; then host="$OUR_HOST"; fi
+    if [[ -z "$host" ]] || ! DOCKER_HOST="$host" docker info >/dev/null 2>&1; then
+        if ! answers "$OUR_HOST" && answers "$SYSTEM_HOST"; then host="$SYSTEM_HOST"; else host="$OUR_HOST"; fi
+    fi
     printf 'export DOCKER_HOST=%q DOCKER_CONFIG=%q DOCKER_BUILDKIT=0 COMPOSE_BAKE=false\n' "$host" "$ROOT/config"
 }
 
@@ -36,6 +40,7 @@ start_daemon() {
         log "using the Docker daemon at $DOCKER_HOST"; return 0
     fi
     if answers "$OUR_HOST"; then log "Docker daemon already running at $OUR_HOST"; return 0; fi
+    if answers "$SYSTEM_HOST"; then log "using the system's Docker daemon at $SYSTEM_HOST"; return 0; fi
     if ! command -v dockerd >/dev/null; then
         log "installing Debian's docker.io (dockerd, containerd, runc)"
         apt-get update -qq >/dev/null
