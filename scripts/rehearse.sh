@@ -116,8 +116,9 @@ for layout in $LAYOUTS; do
     export POLICY_SGLANG_ARGS="$cpu_flags --max-total-tokens 16384 $lora_flags" TEACHER_SGLANG_ARGS="$cpu_flags --max-total-tokens 16384"
     compose down -v --remove-orphans >/dev/null 2>&1 || true
     log "[$layout] up (${files[*]})"
+    before_up=$failures
     checks verdict "up: the proxy answers on $proxy" up
-    if [[ $failures -gt 0 ]]; then compose ps -a; compose logs --tail 60; break; fi
+    if [[ $failures -gt $before_up ]]; then compose ps -a; compose logs --tail 60; break; fi  # nothing to drive
     log "[$layout] Grafana has no stand-in here (no registry ships it): left out of the rehearsal"
 
     checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 3 --tag a
