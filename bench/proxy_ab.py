@@ -1,6 +1,12 @@
 """The proxy's CPU per request, this checkout against another git revision, side by side in one run. Prints JSON.
 
     .venv/bin/python bench/proxy_ab.py [--base HEAD] [--rounds 6] [--requests 300] [--concurrency 1] [--stream]
+    .venv/bin/python bench/proxy_ab.py --conversations 8 [--system-chars 7600] ...
+
+``--conversations N``: requests carry no session id, as a stock client sends them: each worker holds
+conversations of N turns, every request repeating the history so far (a system prompt of ``--system-chars``, the
+earlier questions and the answers the proxy returned) and one new question; what session inference costs
+(``services/proxy/continuity.py``) against a base that gives every such request a session of its own.
 
 This machine's noise swamps a 10% change between two separate runs of bench/proxy.py. Here both proxies (the
 base revision, checked out into a temporary git worktree, and the working tree) run at once against one stub
@@ -23,11 +29,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra import Started, start_kafka, start_redis, stop_started
-from proxy import cpu_split, load, wait_http
+from proxy import BODY, cpu_split, load, wait_http
 
 from services.config import KafkaConfig
 from services.engine.launch import free_port
@@ -43,7 +52,13 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300, help="requests per round and proxy")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--stream", action="store_true", help="streamed requests (the stub sends 62 events)")
+    ap.add_argument(
+        "--conversations", type=int, default=0, help="turns per header-less conversation (0: X-Session-Id)"
+    )
+    ap.add_argument("--system-chars", type=int, default=7600, help="system prompt size in conversations")
     args = ap.parse_args()
+    if args.conversations and args.stream:
+        ap.error("--conversations sends non-streamed requests")
 
     worktree = Path(tempfile.mkdtemp(prefix="turnstream-ab-")) / "base"
     subprocess.run(
@@ -93,8 +108,20 @@ def main() -> None:
                     other.send_signal(signal.SIGSTOP)
                 try:
                     user0, sys0 = cpu_split(proc.pid)
-                    headers = lambda w, i, r=rnd: {"X-Session-Id": f"r{r}-{w}-{i}"}  # noqa: E731
-                    asyncio.run(load(url, args.concurrency, args.requests, args.stream, headers))
+                    if args.conversations:
+                        asyncio.run(
+                            converse(
+                                url,
+                                args.concurrency,
+                                args.requests,
+                                args.conversations,
+                                args.system_chars,
+                                rnd,
+                            )
+                        )
+                    else:
+                        headers = lambda w, i, r=rnd: {"X-Session-Id": f"r{r}-{w}-{i}"}  # noqa: E731
+                        asyncio.run(load(url, args.concurrency, args.requests, args.stream, headers))
                     user1, sys1 = cpu_split(proc.pid)
                 finally:
                     for other in others:
@@ -116,6 +143,8 @@ def main() -> None:
                 "base": args.base,
                 "concurrency": args.concurrency,
                 "stream": args.stream,
+                "conversation_turns": args.conversations or None,
+                "system_chars": args.system_chars if args.conversations else None,
                 "requests_per_round": args.requests,
                 "cpu_ms_per_request": {
                     name: {"median": round(medians[name], 3), "rounds": [round(x, 3) for x in v]}
@@ -126,6 +155,29 @@ def main() -> None:
             indent=2,
         )
     )
+
+
+async def converse(url: str, concurrency: int, total: int, turns: int, system_chars: int, rnd: int) -> None:
+    """``total`` requests without session ids from ``concurrency`` clients, each working through conversations of
+    ``turns`` turns as a chat client does: the history so far, the proxy's answers included, and a new question."""
+    system = {
+        "role": "system",
+        "content": ("You are a careful assistant. " * (system_chars // 29 + 1))[:system_chars],
+    }
+    counter = iter(range(total))
+
+    async def worker(w: int) -> None:
+        async with httpx.AsyncClient(timeout=60) as http:
+            history: list[dict[str, Any]] = []
+            for i in counter:
+                if i % turns == 0 or not history:
+                    history = [system]
+                history.append({"role": "user", "content": f"Question {i} from round {rnd}, client {w}?"})
+                r = await http.post(url, json={**BODY, "messages": history})
+                assert r.status_code == 200, r.text
+                history.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ SCHEMA_VERSION: Final = 1
 ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})
 FINISH_REASONS: Final = frozenset({"stop", "length", "tool_calls", "content_filter", "abort"})
 TOKEN_SOURCES: Final = frozenset({"engine", "retokenized"})
-TERMINAL_REASONS: Final = frozenset({"session_done", "idle_timeout"})
+TERMINAL_REASONS: Final = frozenset({"session_done", "idle_timeout", "regenerated"})
+"""Why a turn has no next state: the client ended the session, it went idle, or the client replaced the turn's
+answer (edited or regenerated a message: a branch of the conversation, ``regenerated``)."""
+SESSION_END_REASONS: Final = frozenset({"session_done", "regenerated"})
 JUDGMENT_KINDS: Final = frozenset({"eval", "hint"})
 EVAL_SCORES: Final = frozenset({-1, 0, 1})
 HINT_SCORES: Final = frozenset({-1, 1})
@@ -243,7 +246,7 @@ class PairedTurn(Event, frozen=True, tag="paired_turn"):
     """The messages that followed the response (user, tool results, ...), with roles; None when terminal."""
     paired_at: float
     terminal_reason: str | None = None
-    """Set when there is no next state: ``session_done`` or ``idle_timeout``."""
+    """Set when there is no next state: ``session_done``, ``idle_timeout`` or ``regenerated``."""
     misaligned: bool = False
     """The next request's history did not contain this turn's response where expected; paired with its last
     message instead."""
@@ -270,7 +273,8 @@ class PairedTurn(Event, frozen=True, tag="paired_turn"):
 
 
 class SessionEnded(Event, frozen=True, tag="session_ended"):
-    """A client ended a session on a side request (``X-Session-Done`` where no turn is recorded): the session's
+    """A session's open turn closed without a next state: a client ended the session on a side request
+    (``X-Session-Done`` where no turn is recorded), or replaced the turn's answer (``regenerated``): the session's
     last main turn has no next state. On its own topic, so the pairer reads it beside ``turns``; it names the
     turn it closes, so it needs no ordering with them."""
 
@@ -279,10 +283,14 @@ class SessionEnded(Event, frozen=True, tag="session_ended"):
     """The session's last main turn number when the client ended it; None when the proxy could not read it
     (Redis unreachable): then it closes whichever turn of the session is open."""
     ended_at: float
+    reason: str = "session_done"
+    """``session_done`` (the client said so) or ``regenerated`` (the proxy saw the client replace the named turn's
+    answer: the conversation branched before it)."""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)
         _require_id("session_id", self.session_id)
+        _require_in("reason", self.reason, SESSION_END_REASONS)
         if self.after_turn_index is not None and self.after_turn_index < 0:
             _fail("after_turn_index", f"must be >= 0, got {self.after_turn_index}")
 

@@ -11,6 +11,7 @@ bash scripts/setup-sglang.sh
 bash scripts/kafka.sh install
 bash scripts/redis.sh install
 bash scripts/chromium.sh install
+bash scripts/openclaw.sh install   # stock OpenClaw, a tested client (tests/clients)
 
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 

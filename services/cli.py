@@ -113,6 +113,12 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-tokens", type=int, default=64)
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument(
+        "--stock-share",
+        type=float,
+        default=0.5,
+        help="share of sessions sent without session headers, as a stock client (default 0.5)",
+    )
+    sim.add_argument(
         "--out", help="summary.json, observations.jsonl, learning.png (default: <cache>/simulate/<time>)"
     )
 
@@ -357,6 +363,8 @@ def _simulate(config: Config, args: argparse.Namespace) -> int:
 
     try:
         personas = by_name(args.personas)
+        if not 0 <= args.stock_share <= 1:
+            raise ValueError(f"--stock-share must be in [0, 1], got {args.stock_share}")
     except ValueError as exc:
         print(f"turnstream simulate: {exc}", file=sys.stderr)
         return 2
@@ -373,6 +381,7 @@ def _simulate(config: Config, args: argparse.Namespace) -> int:
             seed=args.seed,
             api_key=config.proxy.api_key,
             metrics_port=config.metrics.port,
+            stock_share=args.stock_share,
         )
     )
     print(msgspec.json.format(msgspec.json.encode(summary)).decode())

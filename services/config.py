@@ -127,9 +127,19 @@ class ProxyConfig(_Section):
     """A request without ``X-Turn-Type`` (or ``turn_type`` in the body): ``main``, recorded and trained on, so a
     plain OpenAI client teaches the model; ``side``, forwarded and never recorded, is OpenClaw-RL's choice, for
     agents whose untagged calls are housekeeping."""
+    side_models: list[str] = msgspec.field(default_factory=list)
+    """Model names whose requests are ``side`` turns unless they say otherwise: for clients that cannot send
+    ``X-Turn-Type``, give their housekeeping calls (titles, summaries, compaction) a model entry of this name
+    (docs/clients.md). The engine serves them as usual."""
     missing_session: Literal["generate", "reject"] = "generate"
-    """A main turn without a session id: ``generate`` records it under a new id returned in the
-    ``X-Session-Id`` response header; ``reject`` answers 400."""
+    """A main turn without a session id: ``generate`` records it under the session it continues (see
+    ``session_inference``) or a new one, the id returned in the ``X-Session-Id`` response header; ``reject``
+    answers 400."""
+    session_inference: Literal["on", "off"] = "on"
+    """A main turn without a session id continues the session whose last answer its history repeats
+    (``services/proxy/continuity.py``, docs/clients.md); off: every such turn starts a session of its own."""
+    session_link_ttl_s: PositiveInt = 7 * 86400
+    """How long an answer can still be continued by a request without a session id."""
     weights_root: str = ""
     """Weight versions are loaded only from below this folder; empty: the cache's ``weights`` folder."""
     tokenizer_path: str = ""

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
+from services.envelopes import unwrap
+
 _MARKDOWN = re.compile(r"(\*\*|__|`|^\s{0,3}#|^\s*[-*+]\s|^\s*\d+[.)]\s)", re.M)
 SIGN_OFF = "Cheers!"
 
@@ -25,11 +27,12 @@ class Persona:
 
 
 def _plain_and_short(text: str, max_words: int = 30) -> bool:
+    text = unwrap(text)  # a client's envelope is not the model's words
     return len(text.split()) <= max_words and not _MARKDOWN.search(text)
 
 
 def _signs_off(text: str) -> bool:
-    return text.rstrip().endswith(SIGN_OFF)
+    return unwrap(text).rstrip().endswith(SIGN_OFF)
 
 
 PERSONAS: tuple[Persona, ...] = (

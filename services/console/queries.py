@@ -40,7 +40,21 @@ def overview(db: sqlite3.Connection) -> dict[str, Any]:
     dead = [dict(r) for r in db.execute(
         "SELECT consumer_group, error_kind, COUNT(*) AS n FROM dead_letters GROUP BY consumer_group, error_kind"
     )]  # fmt: skip
-    return {"flow": flow, "samples_by_kind": kinds, "dead_letters": dead, "versions": versions(db, last=10)}
+    unpaired = {
+        r["reason"]: r["n"]
+        for r in db.execute(
+            "SELECT CASE WHEN p.terminal_reason = 'idle_timeout' AND t.turn_index = 1 THEN 'no_session' "
+            "ELSE p.terminal_reason END AS reason, COUNT(*) AS n FROM pairs p LEFT JOIN turns t USING (turn_id) "
+            "WHERE p.terminal_reason IS NOT NULL GROUP BY reason"
+        )
+    }
+    return {
+        "flow": flow,
+        "samples_by_kind": kinds,
+        "unpaired": unpaired,
+        "dead_letters": dead,
+        "versions": versions(db, last=10),
+    }
 
 
 def versions(db: sqlite3.Connection, last: int | None = None) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from schemas import Message, PairedTurn
+from services.envelopes import request_only, unwrap
 from services.judge.prompts import message_text
 
 _THANKS = re.compile(
@@ -38,7 +39,11 @@ MODEL_NAME = "rules"
 
 
 def _user_text(state: list[Message]) -> str:
-    return "\n".join(message_text(m) for m in state if m.role == "user").strip()
+    """What the user wrote: without request-only messages and without the client's envelope (a timestamp
+    prefix would hide an opening "No, ...")."""
+    return "\n".join(
+        unwrap(message_text(m)) for m in state if m.role == "user" and not request_only(m)
+    ).strip()
 
 
 def _tool_texts(state: list[Message]) -> list[str]:

@@ -3,7 +3,8 @@
 The next state of turn n is everything turn n+1's request adds after turn n's assistant message (a user
 message, or one or more tool results, with their roles). If that request's history does not hold turn n's
 response where expected, the pairing uses its last message and is flagged ``misaligned``. A session-done turn,
-the turn a ``SessionEnded`` names (``sessions.ended``: a client ended the session on a side request), and a
+the turn a ``SessionEnded`` names (``sessions.ended``: a client ended the session on a side request, or the proxy
+saw the client regenerate the turn's answer), and a
 session idle longer than ``pairer.idle_timeout_s``, get a terminal pairing.
 
 State (the last turn of each open session, and session ends that arrived before the turn they name: the two
@@ -29,6 +30,7 @@ from schemas import Message, PairedTurn, SessionEnded, Turn, decode, encode
 from schemas.topics import SESSIONS_ENDED, TURNS, TURNS_PAIRED
 from services.bus import EventConsumer, EventProducer, Record, serve
 from services.config import Config
+from services.envelopes import conversation, visible_answer
 from services.metrics import serve_metrics
 
 log = logging.getLogger("turnstream.pairer")
@@ -39,6 +41,13 @@ ENDS = Counter(
     "turnstream_pairer_session_ends_total",
     "Session ends from side requests, by what they did",
     ["outcome"],
+)
+UNPAIRED = Counter(
+    "turnstream_pairer_unpaired_total",
+    "Turns closed without a next state (nothing to judge or learn from), by why: no_session (a session of one "
+    "turn that went idle: the client sent no session id and its next request did not continue this one), "
+    "idle_timeout, session_done, regenerated",
+    ["reason"],
 )
 ENDED_TTL_S = 7 * 86400
 """How long a session end waits for the turn it names (a turn the proxy dropped never comes)."""
@@ -68,7 +77,7 @@ def _calls(m: Message) -> list[tuple[str, object]]:
 
 
 def _text(m: Message) -> str:
-    return m.text.strip()
+    return visible_answer(m.text).strip()
 
 
 def same_response(history: Message, response: Message) -> bool:
@@ -81,12 +90,42 @@ def same_response(history: Message, response: Message) -> bool:
 
 
 def next_state(prev: Turn, following: Turn) -> tuple[list[Message], bool]:
-    """(next state, misaligned) of ``prev`` given the request of the session's following turn."""
-    n = len(prev.messages)
-    msgs = following.messages
+    """(next state, misaligned) of ``prev`` given the request of the session's following turn.
+
+    Messages a client sends with one request only (OpenClaw's internal-context block, ``services/envelopes.py``)
+    are neither history nor next state: both requests are read without them. Where the response is not at the
+    expected place, the newest copy of it in the history still aligns (a client that trimmed old history)."""
+    msgs = conversation(following.messages)
+    n = len(conversation(prev.messages))
     if len(msgs) > n + 1 and same_response(msgs[n], prev.response):
-        return list(msgs[n + 1 :]), False
-    return [msgs[-1]], True
+        return msgs[n + 1 :], False
+    for i in range(len(msgs) - 2, -1, -1):
+        if same_response(msgs[i], prev.response):
+            return msgs[i + 1 :], False
+    return [msgs[-1] if msgs else following.messages[-1]], True
+
+
+def unpaired_reason(p: PairedTurn) -> str | None:
+    """Why a pairing has no next state, with a session of one idle turn told apart (``no_session``)."""
+    if p.terminal_reason == "idle_timeout" and p.turn.turn_index == 1:
+        return "no_session"
+    return p.terminal_reason
+
+
+def _count(p: PairedTurn) -> None:
+    if p.terminal_reason:
+        PAIRS.labels(p.terminal_reason).inc()
+        UNPAIRED.labels(unpaired_reason(p)).inc()
+    else:
+        PAIRS.labels("misaligned" if p.misaligned else "next_state").inc()
+
+
+def _ended(raw: bytes | None) -> tuple[int | None, str]:
+    """A remembered session end: ``"N reason"`` (or ``"N"``, written before ends had reasons)."""
+    if raw is None:
+        return None, "session_done"
+    n, _, reason = raw.decode().partition(" ")
+    return int(n), reason or "session_done"
 
 
 class Pairer:
@@ -122,7 +161,7 @@ class Pairer:
         raw = cast(bytes | None, await self.redis.get(self._state + sid))
         prev = decode(raw, Turn) if raw else None
         if raw is not None and prev is not None and (n is None or prev.turn_index == n):
-            await self._close(sid, raw, prev, "session_done")
+            await self._close(sid, raw, prev, ended.reason)
             ENDS.labels("closed").inc()
         elif prev is not None and prev.turn_index > (n or 0):
             # the session went on after the end: its next turn paired the named one
@@ -130,7 +169,7 @@ class Pairer:
         elif not n:
             ENDS.labels("no_open_turn").inc()
         else:
-            await self.redis.set(self._ended + sid, n, ex=ENDED_TTL_S)
+            await self.redis.set(self._ended + sid, f"{n} {ended.reason}", ex=ENDED_TTL_S)
             ENDS.labels("waiting").inc()
 
     async def on_turn(self, turn: Turn) -> None:
@@ -138,7 +177,7 @@ class Pairer:
         # the client does not decode responses
         raw, ended_raw = cast(list[bytes | None], await self.redis.mget(key, self._ended + turn.session_id))
         prev = decode(raw, Turn) if raw else None
-        ended_after = int(ended_raw) if ended_raw is not None else None
+        ended_after, end_reason = _ended(ended_raw)
         session_done = turn.session_done or ended_after == turn.turn_index
         out: list[PairedTurn] = []
         if prev is not None:
@@ -159,12 +198,12 @@ class Pairer:
                     PairedTurn(turn=prev, next_state=state, paired_at=time.time(), misaligned=misaligned)
                 )
         if session_done:
-            out.append(self._terminal(turn, "session_done"))
+            out.append(self._terminal(turn, "session_done" if turn.session_done else end_reason))
             if ended_after == turn.turn_index:
                 ENDS.labels("closed").inc()
         for paired in out:
             await self.producer.send(TURNS_PAIRED, paired, turn.session_id)
-            PAIRS.labels(self._kind(paired)).inc()
+            _count(paired)
         pipe = self.redis.pipeline(transaction=True)
         if ended_after is not None and ended_after <= turn.turn_index:  # used, or outrun by the session
             pipe.delete(self._ended + turn.session_id)
@@ -178,12 +217,6 @@ class Pairer:
 
     def _terminal(self, turn: Turn, reason: str) -> PairedTurn:
         return PairedTurn(turn=turn, next_state=None, paired_at=time.time(), terminal_reason=reason)
-
-    @staticmethod
-    def _kind(p: PairedTurn) -> str:
-        if p.terminal_reason:
-            return p.terminal_reason
-        return "misaligned" if p.misaligned else "next_state"
 
     async def sweep(self, now: float | None = None) -> int:
         """Terminal pairings for sessions idle past the timeout. Returns how many were closed."""
@@ -203,8 +236,9 @@ class Pairer:
     async def _close(self, sid: str, raw: bytes, turn: Turn, reason: str) -> None:
         """A terminal pairing for the session's open turn, then its state dropped unless another pairer has
         moved the session on meanwhile."""
-        await self.producer.send(TURNS_PAIRED, self._terminal(turn, reason), sid)
-        PAIRS.labels(reason).inc()
+        paired = self._terminal(turn, reason)
+        await self.producer.send(TURNS_PAIRED, paired, sid)
+        _count(paired)
         await self._cad(keys=[self._state + sid, self._idle], args=[raw, sid])
 
     async def maybe_sweep(self) -> None:

@@ -34,6 +34,7 @@ from services.engine_client import (
 from services.proxy.adapters import Adapters, with_version, without_adapter
 from services.proxy.additions import client_wants, strip_response, strip_stream_chunk
 from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
+from services.proxy.continuity import Continuity, Links, Resolved, SessionWatch, answered, links
 from services.proxy.recorder import TurnRecorder
 from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
@@ -71,6 +72,33 @@ def engine_failure(exc: EngineError, turn_type: str, stream: str, headers: dict[
     return openai_error(status, message, err_type, headers=headers)
 
 
+REGENERATED = Counter(
+    "turnstream_proxy_regenerated_total",
+    "Turns superseded by a branch of their conversation (the client edited or regenerated a message)",
+)
+
+
+@dataclass
+class Pending:
+    """A main turn whose session is being inferred (``services/proxy/continuity.py``)."""
+
+    chain: Links
+    fresh: str
+    task: asyncio.Task[Resolved | None]
+    resolved: Resolved | None = None
+
+
+def _answer(data: dict[str, Any]) -> dict[str, Any] | None:
+    choices = data.get("choices") or ()
+    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    return message if isinstance(message, dict) else None
+
+
+def _link_stored(sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        log.warning("storing a conversation link failed", extra={"error": repr(sent.exception())})
+
+
 @dataclass
 class ProxyState:
     config: Config
@@ -88,6 +116,8 @@ class ProxyState:
     """Which LoRA adapter the policy's requests go to (``Config.lora_adapters``); None: the engine's own weights."""
     background: list[asyncio.Task[None]] = field(default_factory=list)
     """The reloader and the version probe: cancelled at shutdown."""
+    continuity: Continuity | None = None
+    """Which session a main turn without a session id continues (``proxy.session_inference``)."""
 
 
 class ChatProxy:
@@ -98,6 +128,8 @@ class ChatProxy:
         self.pc = config.proxy
         self.api_key = self.pc.api_key.encode() if self.pc.api_key else None
         self._state = state
+        self.watch = SessionWatch()
+        self.side_models = frozenset(self.pc.side_models)
 
     @property
     def state(self) -> ProxyState:
@@ -153,6 +185,76 @@ class ChatProxy:
             self.state.turn_numbers.next(session_id), "the turn is numbered when published", session_id
         )
 
+    async def resolve(self, continuity: Continuity, chain: Links, fresh: str) -> Resolved | None:
+        """The session a turn without a session id continues, and its number there; None when Redis did not
+        answer in time (then the turn starts a session of its own, numbered when published)."""
+        try:
+            async with asyncio.timeout(self.pc.redis_timeout_ms / 1000):
+                return await continuity.resolve(chain.continues, fresh)
+        except Exception as exc:
+            log.warning(
+                "session inference unavailable; the turn starts a session of its own",
+                extra={"session_id": fresh, "error": repr(exc)},
+            )
+            return None
+
+    async def settle(
+        self, session: SessionInfo, pending: Pending, headers: dict[str, str]
+    ) -> tuple[SessionInfo, asyncio.Future[int | None] | None]:
+        """The resolved session and turn number of a turn whose session was inferred; a branch closes the turn it
+        supersedes as ``regenerated``."""
+        resolved = pending.resolved = await pending.task
+        self.watch.count(resolved.how if resolved is not None else "unresolved")
+        if resolved is None:
+            return session, None
+        if resolved.superseded is not None:
+            sid, n = resolved.superseded
+            self.state.recorder.record_session_end(
+                SessionEnded(session_id=sid, after_turn_index=n, ended_at=time.time(), reason="regenerated")
+            )
+            REGENERATED.inc()
+        headers["X-Session-Id"] = resolved.session_id
+        index: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        index.set_result(resolved.turn_index)
+        return SessionInfo(resolved.session_id, session.turn_type, session.done), index
+
+    async def abandon(self, pending: Pending, settled: bool = False) -> None:
+        """A turn that resolved a session but got no answer: its link and number are given back (the client's
+        retry continues the session instead of branching from it)."""
+        resolved = pending.resolved if settled else await pending.task
+        continuity = self.state.continuity
+        if resolved is None or continuity is None:
+            return
+        try:
+            async with asyncio.timeout(self.pc.redis_timeout_ms / 1000):
+                await continuity.release(pending.chain.continues, resolved)
+        except Exception as exc:
+            log.warning("giving back an unanswered turn's session failed", extra={"error": repr(exc)})
+
+    def link(
+        self,
+        pending: Pending,
+        session: SessionInfo,
+        index: asyncio.Future[int | None] | None,
+        answer: dict[str, Any] | None,
+    ) -> None:
+        """Store the link this turn's answer makes, so the client's next request continues the session."""
+        continuity = self.state.continuity
+        if continuity is None or pending.resolved is None or answer is None or session.done:
+            return
+        try:
+            sent = asyncio.ensure_future(
+                continuity.link(
+                    answered(pending.chain.state, answer),
+                    pending.resolved.session_id,
+                    pending.resolved.turn_index,
+                )
+            )
+        except Exception as exc:  # never the user's response
+            log.warning("storing a conversation link failed", extra={"error": repr(exc)})
+            return
+        sent.add_done_callback(_link_stored)
+
     def end_session(self, session_id: str) -> None:
         """A side request ended the session (``X-Session-Done``): spool a ``SessionEnded`` naming the session's
         last main turn, which then gets a terminal pairing, as OpenClaw-RL does. In the background: the user
@@ -174,7 +276,7 @@ class ChatProxy:
     def finish_turn(
         self,
         session: SessionInfo,
-        index_task: asyncio.Task[int | None] | None,
+        index_task: asyncio.Future[int | None] | None,
         body: dict[str, Any],
         completion: Completion,
         created: float,
@@ -227,13 +329,14 @@ class ChatProxy:
             )
         try:
             body = parse_chat(await read_body(request, self.pc.max_body_bytes))
-            session = session_info(request.headers, body, self.pc.default_turn_type)
+            untagged = "side" if body.get("model") in self.side_models else self.pc.default_turn_type
+            session = session_info(request.headers, body, untagged)
         except BadInput as exc:
             return openai_error(exc.status, str(exc), "invalid_request_error", exc.code)
         except SessionError as exc:
             return openai_error(400, str(exc), "invalid_request_error", "invalid_session")
         headers: dict[str, str] = {}
-        index: asyncio.Task[int | None] | None = None
+        index: asyncio.Future[int | None] | None = None
         if session.turn_type == "side" and session.done and session.session_id is not None:
             self.end_session(session.session_id)
         if session.turn_type == "main" and (body.get("n") or 1) > 1:
@@ -243,18 +346,31 @@ class ChatProxy:
                 "invalid_request_error",
                 "invalid_value",
             )
+        pending: Pending | None = None
         if session.turn_type == "main":
             if session.session_id is None:
                 if self.pc.missing_session == "reject":
                     return openai_error(
                         400, "main turns need X-Session-Id", "invalid_request_error", "missing_session"
                     )
-                session = SessionInfo(new_session_id(), session.turn_type, session.done)
+                fresh = new_session_id()
+                continuity = self.state.continuity
+                if continuity is not None and not self.state.recorder.deferring:
+                    # Which session this continues, resolved beside the engine's work (``settle``).
+                    chain = links(request.headers, body)
+                    pending = Pending(
+                        chain, fresh, asyncio.create_task(self.resolve(continuity, chain, fresh))
+                    )
+                else:
+                    self.watch.count("new")
+                session = SessionInfo(fresh, session.turn_type, session.done)
+            else:
+                self.watch.count("explicit")
             headers["X-Session-Id"] = session.session_id  # type: ignore[assignment]
             # Numbered at arrival (a session's turns are numbered in order) but not waited for here: the Redis
             # round trip overlaps the engine's work instead of adding to the user's latency. While turns served
             # without Redis wait to be numbered, new ones queue behind them (see TurnRecorder.deferring).
-            if not self.state.recorder.deferring:
+            if pending is None and not self.state.recorder.deferring:
                 index = asyncio.create_task(self.next_turn_index(session.session_id))  # type: ignore[arg-type]
         stream = bool(body.get("stream"))
         # What the client would get from SGLang itself: the proxy's own additions are taken out again.
@@ -274,7 +390,9 @@ class ChatProxy:
                     forward[f"return_{key}_in_sglext"] = True
         leased = self.route(forward)
         if stream:
-            return await self._stream(request, session, index, body, forward, wants, headers, created, leased)
+            return await self._stream(
+                request, session, index, body, forward, wants, headers, created, leased, pending
+            )
         main = session.turn_type == "main"
         sent = time.perf_counter()
         try:
@@ -283,9 +401,14 @@ class ChatProxy:
             else:
                 data = await self.state.engine.chat_raw(forward)
         except EngineError as exc:
+            if pending is not None:
+                await self.abandon(pending)
             return engine_failure(exc, session.turn_type, "false", headers)
         finally:
             self.unroute(leased)
+        if pending is not None:
+            session, index = await self.settle(session, pending, headers)
+            self.link(pending, session, index, _answer(data))
         # How long the engine took, as the proxy saw it (a standard header, shown by browsers and tracers): what a
         # client measures beyond it is the proxy's own time.
         headers["Server-Timing"] = f"engine;dur={1000 * (time.perf_counter() - sent):.2f}"
@@ -335,7 +458,7 @@ class ChatProxy:
     def record_response(
         self,
         session: SessionInfo,
-        index: asyncio.Task[int | None] | None,
+        index: asyncio.Future[int | None] | None,
         body: dict[str, Any],
         data: dict[str, Any],
         created: float,
@@ -361,7 +484,7 @@ class ChatProxy:
     async def _rescore_then_finish(
         self,
         session: SessionInfo,
-        index: asyncio.Task[int | None] | None,
+        index: asyncio.Future[int | None] | None,
         body: dict[str, Any],
         completion: Completion,
         created: float,
@@ -397,22 +520,32 @@ class ChatProxy:
         self,
         request: Request,
         session: SessionInfo,
-        index: asyncio.Task[int | None] | None,
+        index: asyncio.Future[int | None] | None,
         body: dict[str, Any],
         forward: dict[str, Any],
         wants: dict[str, bool],
         headers: dict[str, str],
         created: float,
         leased: int | None = None,
+        pending: Pending | None = None,
     ) -> Response:
         try:
             upstream = await self.state.engine.open_chat_stream(forward)
         except EngineError as exc:
             self.unroute(leased)
+            if pending is not None:
+                await self.abandon(pending)
             return engine_failure(exc, session.turn_type, "true", headers)
         except BaseException:  # cancelled (shutdown), or a bug: the lease still goes back
             self.unroute(leased)
             raise
+        if pending is not None:  # the session's id is a response header: known before the first byte
+            try:
+                session, index = await self.settle(session, pending, headers)
+            except BaseException:
+                self.unroute(leased)
+                await upstream.aclose()
+                raise
         closed = False
 
         async def close() -> None:
@@ -440,6 +573,8 @@ class ChatProxy:
                     for payload in payloads:
                         if payload == b"[DONE]":
                             complete = ended = True
+                            if pending is not None:  # stored before the client has the last byte
+                                self.link(pending, session, index, completion.answer())
                             out.append(b"data: [DONE]\n\n")
                             break
                         if main:
@@ -483,13 +618,15 @@ class ChatProxy:
                         )
                     else:
                         DROPPED.labels("stream_incomplete").inc()
+                        if pending is not None:
+                            self.background(self.abandon(pending, settled=True))
 
         return EventStream(relay(), headers, on_close=close)
 
     async def _label_then_finish(
         self,
         session: SessionInfo,
-        index: asyncio.Task[int | None] | None,
+        index: asyncio.Future[int | None] | None,
         body: dict[str, Any],
         completion: Completion,
         created: float,
@@ -574,6 +711,8 @@ async def build_state(config: Config) -> ProxyState:
     )
     await recorder.start()
     state = ProxyState(config=config, engine=engine, turn_numbers=turn_numbers, recorder=recorder)
+    if pc.session_inference == "on":  # over the turn numbers' connection: one pipelined connection per proxy
+        state.continuity = Continuity(turn_numbers.redis, config.redis.key_prefix, pc.session_link_ttl_s)
     if pc.tokenizer_path:
         from services.proxy.retokenize import Retokenizer
 

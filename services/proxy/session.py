@@ -1,4 +1,5 @@
-"""OpenClaw's session fields (headers or body) and per-session turn numbering in Redis."""
+"""The session fields a request carries: OpenClaw-RL's (``X-Session-Id``, ``X-Turn-Type``, ``X-Session-Done``, or
+the same names in the body) and the session ids stock clients send."""
 
 from __future__ import annotations
 
@@ -41,7 +42,11 @@ def session_info(headers: Headers, body: dict[str, Any], default_turn_type: str 
         raise SessionError("'session_id' and 'turn_type' in the body must be strings")
     if not isinstance(b_done, bool | int | str | None):
         raise SessionError("'session_done' in the body must be a boolean")
-    sid = headers.get("x-session-id") or b_sid
+    # Explicit ids, most specific first: ours, the body's, then the ids stock clients already send (OpenClaw with
+    # ``compat.sendSessionAffinityHeaders``: ``x-session-affinity`` and ``session_id``).
+    sid = (
+        headers.get("x-session-id") or b_sid or headers.get("x-session-affinity") or headers.get("session_id")
+    )
     turn_type = (headers.get("x-turn-type") or b_type or default_turn_type).strip().lower()
     if turn_type not in ("main", "side"):
         raise SessionError(f"X-Turn-Type must be 'main' or 'side', not {turn_type!r}")

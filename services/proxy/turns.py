@@ -141,7 +141,8 @@ class Completion:
         c.weight_version = None if parsed.weight_version is None else int(parsed.weight_version)
         return c
 
-    def message(self) -> Message:
+    def answer(self) -> dict[str, Any]:
+        """The assistant message as the client received it (what its next request repeats)."""
         calls = None
         if self.tool_calls:
             calls = [
@@ -152,15 +153,15 @@ class Completion:
                 }
                 for i, tc in sorted(self.tool_calls.items())
             ]
-        return msgspec.convert(
-            {
-                "role": "assistant",
-                "content": "".join(self.content),
-                "reasoning_content": "".join(self.reasoning) or None,
-                "tool_calls": calls,
-            },
-            Message,
-        )
+        return {
+            "role": "assistant",
+            "content": "".join(self.content),
+            "reasoning_content": "".join(self.reasoning) or None,
+            "tool_calls": calls,
+        }
+
+    def message(self) -> Message:
+        return msgspec.convert(self.answer(), Message)
 
 
 def build_turn(

@@ -35,6 +35,9 @@ class Progress(msgspec.Struct):
     """Responses the simulated users saw."""
     preference_met: float | None = None
     """Share of those that met the user's preference (all versions)."""
+    unpaired: dict[str, int] = msgspec.field(default_factory=dict)
+    """Turns closed without a next state, by why (nothing is learned from them): no_session, idle_timeout,
+    session_done, regenerated."""
     down: list[str] = msgspec.field(default_factory=list)
     """Services whose /metrics did not answer."""
     heldout: dict[str, float] = msgspec.field(default_factory=dict)
@@ -55,11 +58,17 @@ class Progress(msgspec.Struct):
         if self.heldout_version is not None:
             scores = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(self.heldout.items()))
             text += f" | held-out v{self.heldout_version}: {scores}"
+        if any(self.unpaired.values()):
+            why = ", ".join(f"{_REASONS.get(k, k)} {v}" for k, v in sorted(self.unpaired.items()) if v)
+            text += f" | no next state: {why}"
         if self.spool_pending:
             text += f" | spooled {self.spool_pending}"
         if self.down:
             text += f" | not answering: {', '.join(self.down)}"
         return text
+
+
+_REASONS = {"no_session": "no session", "idle_timeout": "idle", "session_done": "done"}
 
 
 def _total(metrics: Samples, name: str) -> int:
@@ -103,6 +112,7 @@ async def scrape(http: httpx.AsyncClient, ports: dict[str, int], batch_size: int
         reward_mean=_by(metrics, "turnstream_trainer_reward_mean", "kind"),
         simulated=simulated,
         preference_met=met.get("true", 0.0) / simulated if simulated else None,
+        unpaired={k: int(v) for k, v in _by(metrics, "turnstream_pairer_unpaired_total", "reason").items()},
         down=down,
         heldout=_by(metrics, "turnstream_eval_score", "persona"),
         heldout_version=_total(metrics, "turnstream_eval_version")

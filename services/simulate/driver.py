@@ -1,11 +1,13 @@
 """``turnstream simulate``: simulated users talking to the proxy like real ones, and what they show about learning.
 
 Each user runs sessions back to back: a persona and a question from the bundled set, then for a few turns the
-persona's reaction (a correction when the preference is violated, thanks and a new question when it is met), with
-OpenClaw's session headers; the final reaction is sent with ``X-Session-Done`` so that every judged turn has its
-next state. Every response is observed with the weight version that produced it (``metadata.weight_version``),
-and ``<out>/summary.json`` and ``<out>/learning.png`` show, per version, how often the preference was met and how
-long the responses were.
+persona's reaction (a correction when the preference is violated, thanks and a new question when it is met). A share
+of the sessions (``--stock-share``, half by default) is sent as a stock client sends it: no session headers, only the
+conversation so far, so the proxy's conversation continuity has to find the session; the others carry OpenClaw-RL's
+headers, their final reaction sent with ``X-Session-Done`` so that every judged turn has its next state (a stock
+session's last turn closes when it goes idle). Every response is observed with the weight version that produced it
+(``metadata.weight_version``), and ``<out>/summary.json`` and ``<out>/learning.png`` show, per version, how often the
+preference was met and how long the responses were.
 """
 
 from __future__ import annotations
@@ -139,7 +141,9 @@ class Simulator:
         api_key: str | None = None,
         out_dir: Path | None = None,
         write_every_s: float = 30.0,
+        stock_share: float = 0.5,
     ) -> None:
+        self.stock_share = stock_share
         self.url = proxy_url.rstrip("/") + "/chat/completions"
         self.personas = personas
         self.turns = turns
@@ -156,17 +160,24 @@ class Simulator:
         self.started = time.monotonic()
         self.run_id = uuid.uuid4().hex[:8]
 
+    def stock(self, number: int) -> bool:
+        """Whether session ``number`` is sent without session headers (``stock_share`` of them, spread evenly)."""
+        return int((number + 1) * self.stock_share) > int(number * self.stock_share)
+
     async def _ask(
         self,
         http: httpx.AsyncClient,
-        session_id: str,
+        session_id: str | None,
         messages: list[dict[str, str]],
         done: bool,
         persona: str,
-    ) -> Any:
-        headers = {**self.headers, "X-Session-Id": session_id}
-        if done:
-            headers["X-Session-Done"] = "true"
+    ) -> tuple[Any, str]:
+        """The response and the session id the proxy recorded it under (``session_id``, or the one it found)."""
+        headers = dict(self.headers)
+        if session_id is not None:
+            headers["X-Session-Id"] = session_id
+            if done:
+                headers["X-Session-Done"] = "true"
         body = {
             "model": "policy",
             "messages": messages,
@@ -178,22 +189,22 @@ class Simulator:
             try:
                 r = await http.post(self.url, json=body, headers=headers, timeout=300)
                 if r.status_code == 200:
-                    return r.json()
+                    return r.json(), r.headers.get("x-session-id", session_id or "")
                 log.warning("proxy answered %s: %s", r.status_code, r.text[:200])
             except httpx.HTTPError as exc:
                 log.warning("proxy unreachable: %r", exc)
             self.failed += 1
             FAILED.inc()
             await asyncio.sleep(min(2**attempt, 10))
-        return None
+        return None, ""
 
     async def session(self, http: httpx.AsyncClient, number: int) -> None:
         persona = self.personas[number % len(self.personas)]
-        session_id = f"sim-{self.run_id}-{number}"
+        sent_id = None if self.stock(number) else f"sim-{self.run_id}-{number}"
         messages = [user(self.rng.choice(self.questions))]
         for turn in range(self.turns + 1):
             last = turn == self.turns
-            data = await self._ask(http, session_id, messages, done=last, persona=persona.name)
+            data, session_id = await self._ask(http, sent_id, messages, done=last, persona=persona.name)
             if data is None or last:
                 break
             text = (data["choices"][0]["message"].get("content") or "").strip()
@@ -279,6 +290,7 @@ async def run_simulate(
     seed: int = 0,
     api_key: str | None = None,
     metrics_port: int | None = None,
+    stock_share: float = 0.5,
 ) -> Summary:
     """The ``turnstream simulate`` command: until ``sessions`` are done, or SIGTERM/SIGINT."""
     import signal
@@ -291,7 +303,14 @@ async def run_simulate(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sim = Simulator(
-        proxy_url, personas, turns=turns, max_tokens=max_tokens, seed=seed, api_key=api_key, out_dir=out_dir
+        proxy_url,
+        personas,
+        turns=turns,
+        max_tokens=max_tokens,
+        seed=seed,
+        api_key=api_key,
+        out_dir=out_dir,
+        stock_share=stock_share,
     )
     log.info("simulating", extra={"users": users, "sessions": sessions, "out": str(out_dir)})
     summary = await sim.run(users, sessions, stop)

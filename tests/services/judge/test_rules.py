@@ -80,3 +80,18 @@ def test_the_hint_is_what_the_correction_asks_for(correction: str, hint: str) ->
 def test_no_correction_no_hint(state: list[Message]) -> None:
     score, hint = parse_hint_vote(rules.answer("hint", paired(*state)))
     assert score == -1 and hint == ""
+
+
+def test_a_clients_envelope_does_not_hide_what_the_user_said() -> None:
+    """Stock OpenClaw sends ``[Wed 2026-12-02 08:52 UTC] No, answer in one word.`` as content parts: the
+    correction is still -1 with its hint, and its internal-context block is not read as the user's words."""
+    stamped = Message(
+        role="user", content=[{"type": "text", "text": "[Wed 2026-12-02 08:52 UTC] No, answer in one word."}]
+    )
+    context = user(
+        "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nplease fix nothing\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>"
+    )
+    assert rules.eval_score(paired(stamped)) == -1
+    assert rules.hint(paired(stamped)) == "Answer in one word."
+    assert rules.eval_score(paired(user("[Wed 2026-12-02 08:53 UTC] Thanks, perfect."), context)) == 1
+    assert rules.eval_score(paired(context)) == 0

@@ -72,6 +72,41 @@ def test_a_history_without_the_response_is_flagged_and_uses_the_last_message() -
     assert next_state(first, second) == ([last], True)
 
 
+OPENCLAW_CONTEXT = Message(
+    role="user",
+    content="<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nruntime: model turnstream\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>",
+)
+
+
+def test_a_request_only_block_is_neither_history_nor_next_state() -> None:
+    """Stock OpenClaw appends an internal-context message to each request and leaves it out of later history:
+    the next state is what the user said, not the block (it used to be flagged misaligned and paired with it)."""
+    system = Message(role="system", content="You are a personal assistant.")
+    asked = Message(
+        role="user", content=[{"type": "text", "text": "[Wed 2026-12-02 08:44 UTC] What is 2+2?"}]
+    )
+    answer = Message(role="assistant", content="4")
+    first = turn("oc", 1, [system, asked, OPENCLAW_CONTEXT], answer)
+    correction = Message(
+        role="user", content=[{"type": "text", "text": "[Wed 2026-12-02 08:52 UTC] No, answer in one word."}]
+    )
+    second = turn(
+        "oc",
+        2,
+        [system, asked, answer, correction, OPENCLAW_CONTEXT],
+        Message(role="assistant", content="Four"),
+    )
+    assert next_state(first, second) == ([correction], False)
+
+
+def test_a_client_that_trims_old_history_still_aligns() -> None:
+    resp = Message(role="assistant", content="Hello!")
+    first = turn("s", 1, [Message(role="system", content="sys"), U], resp)
+    thanks = Message(role="user", content="thanks")
+    second = turn("s", 2, [U, resp, thanks], resp)  # the system message dropped
+    assert next_state(first, second) == ([thanks], False)
+
+
 @pytest.fixture
 def pairer_config(kafka: KafkaConfig, redis_config: RedisConfig) -> Config:
     return Config(
@@ -245,5 +280,81 @@ async def test_a_session_end_closes_the_turn_it_names_whenever_it_arrives(
     }
 
 
+async def test_a_regenerated_turn_closes_as_such_and_unlearned_turns_are_counted(
+    pairer_config: Config, kafka: KafkaConfig
+) -> None:
+    """The proxy's ``regenerated`` end closes the turn it names as ``regenerated``, whether it arrives before or
+    after the turn; a lone turn that goes idle counts as ``no_session`` (what a client without sessions makes)."""
+    import redis.asyncio as aioredis
+
+    from services.pairer.worker import UNPAIRED, Pairer
+
+    def counted(reason: str) -> float:
+        return UNPAIRED.labels(reason)._value.get()  # type: ignore[no-any-return]
+
+    before = {r: counted(r) for r in ("regenerated", "no_session", "idle_timeout")}
+    answer = Message(role="assistant", content="a")
+    follow = [U, answer, Message(role="user", content="more")]
+    redis = aioredis.from_url(pairer_config.redis.url)
+    try:
+        async with EventProducer(kafka) as producer:
+            pairer = Pairer(pairer_config, redis, producer)
+            await pairer.on_turn(turn("after", 1, [U], answer))
+            await pairer.on_turn(turn("after", 2, follow, answer))
+            await pairer.on_session_ended(
+                SessionEnded(session_id="after", after_turn_index=2, ended_at=1.0, reason="regenerated")
+            )
+            await pairer.on_turn(turn("before", 1, [U], answer))
+            await pairer.on_session_ended(
+                SessionEnded(session_id="before", after_turn_index=2, ended_at=1.0, reason="regenerated")
+            )
+            await pairer.on_turn(turn("before", 2, follow, answer))
+            await pairer.on_turn(turn("lone", 1, [U], answer, t=time.time() - 100))
+            await pairer.on_turn(turn("long", 1, [U], answer, t=time.time() - 100))
+            await pairer.on_turn(turn("long", 2, follow, answer, t=time.time() - 99))
+            assert await pairer.sweep(time.time()) == 2
+    finally:
+        await redis.aclose()
+    got = {(p.turn_id, p.terminal_reason) for p in await read_all(kafka)}
+    assert got == {
+        ("after:1", None),
+        ("after:2", "regenerated"),
+        ("before:1", None),
+        ("before:2", "regenerated"),
+        ("lone:1", "idle_timeout"),
+        ("long:1", None),
+        ("long:2", "idle_timeout"),
+    }
+    assert {r: counted(r) - before[r] for r in before} == {
+        "regenerated": 2,
+        "no_session": 1,
+        "idle_timeout": 1,
+    }
+
+
 async def read_all(kafka: KafkaConfig) -> list[PairedTurn]:
     return [rec.event async for rec in read_topic(kafka, TURNS_PAIRED)]
+
+
+def test_stock_openclaws_captured_requests_pair_with_what_the_user_said() -> None:
+    """Two requests stock OpenClaw sent for one session (tests/services/proxy/fixtures/openclaw/default.jsonl,
+    answered "Answer number 1."): the next state is the user's correction, not the internal-context block that
+    ends each request."""
+    from pathlib import Path
+
+    lines = (
+        (Path(__file__).parents[2] / "services/proxy/fixtures/openclaw/default.jsonl")
+        .read_text()
+        .splitlines()
+    )
+    first, _, third = (msgspec.json.decode(line)["body"] for line in lines[:3])
+    as_turn = lambda n, body, answer: turn(  # noqa: E731
+        "S1", n, msgspec.convert(body["messages"], list[Message]), Message(role="assistant", content=answer)
+    )
+    state, misaligned = next_state(
+        as_turn(1, first, "Answer number 1."), as_turn(2, third, "Answer number 3.")
+    )
+    assert not misaligned
+    assert [(m.role, m.text) for m in state] == [
+        ("user", "[Wed 2026-12-02 15:57 UTC] No, answer in one word.")
+    ]

@@ -18,7 +18,7 @@ import openai
 import psutil
 import pytest
 
-from schemas.topics import DEADLETTER, EVALS, JUDGMENTS, SAMPLES, TEACHER, TURNS
+from schemas.topics import DEADLETTER, EVALS, JUDGMENTS, SAMPLES, TEACHER, TURNS, WEIGHTS
 from services.bus import read_topic
 from services.config import KafkaConfig, RedisConfig, load_config
 from services.launch import free_port, free_port_block
@@ -116,12 +116,12 @@ def seen_versions(observations: Path) -> list[int]:
 async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     kafka: KafkaConfig, redis_config: RedisConfig, smollm2_path: Path, tmp_path: Path
 ) -> None:
-    """``make run``'s job in short: ``turnstream run --simulate 2`` with batches of 4 samples. Every service
-    starts; turns sent through the proxy show in the live progress; at least two weight versions are published
-    and loaded by SGLang, and later turns carry the newer version, in what the simulated users saw and in the
-    recorded turns; the console shows it all in a browser; SIGTERM stops it all cleanly (exit code 0, no process
-    left). One run does all of it: each starts two SGLang servers, minutes on two cores. (A SIGKILL of the run
-    leaving no orphan: test_launch.py.)"""
+    """``make run``'s job in short: ``turnstream run --simulate 2`` with batches of 4 samples (half the simulated
+    sessions without session headers, as a stock client). Every service starts; turns sent through the proxy
+    show in the live progress; at least two weight versions are published and loaded by SGLang, and later turns
+    carry the newer version, in what the simulated users saw and in the recorded turns; the console shows it all
+    in a browser; SIGTERM stops it all cleanly (exit code 0, no process left). One run does all of it: each
+    starts two SGLang servers, minutes on two cores. (A SIGKILL of the run leaving no orphan: test_launch.py.)"""
     run_dir = tmp_path / "run"
     proxy_port = free_port()
     proc = start_run(
@@ -191,6 +191,16 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     }
     distilled = [r.event async for r in read_topic(kafka, SAMPLES) if r.event.teacher_logprobs is not None]
     assert any(s.sample_id in listed and s.kind in ("opd+rl", "opd-only") for s in distilled), distilled
+    # Half the simulated sessions are sent as a stock client sends them, without session headers: the proxy found
+    # their sessions (several turns under one generated id), and the trainer learned from them.
+    anon: dict[str, set[int]] = {}
+    async for r in read_topic(kafka, TURNS):
+        if r.event.session_id.startswith("anon-"):
+            anon.setdefault(r.event.session_id, set()).add(r.event.turn_index)
+    assert any(len(indexes) >= 2 for indexes in anon.values()), anon
+    trained = {sid async for r in read_topic(kafka, WEIGHTS) for sid in r.event.sample_ids}
+    from_stock = [r.event async for r in read_topic(kafka, SAMPLES) if r.event.session_id in anon]
+    assert any(s.sample_id in trained for s in from_stock), (len(from_stock), len(trained))
     # The held-out evaluation runs beside the pipeline: the starting weights first (the reloader waits for it),
     # then a version the engine served later, never one twice; its questions never become traffic.
     evaluated = [r.event.version async for r in read_topic(kafka, EVALS)]

@@ -1,0 +1,259 @@
+"""Conversation continuity: which session a main turn without a session id continues.
+
+Stock clients (OpenClaw from npm, the OpenAI SDKs, chat UIs) send no session id, but each request repeats the
+conversation so far: the previous request's messages, the answer the proxy returned, then what the user (or a tool)
+said next. So after each answer the proxy stores, in Redis, a hash of that conversation *including the answer*
+naming the session and turn; a later request whose messages up to its last assistant message hash the same continues
+that session. Across proxy replicas, because the state is in Redis.
+
+The hash is of a canonical form that ignores what clients legitimately change when they send history back:
+whitespace at the ends of content, content as a string or as a list of text parts, reasoning content (and a leading
+think block), tool-call ids, the spacing and key order of tool-call arguments, and a system prompt's volatile
+sections; messages a client adds to one request only are left out (``services/envelopes.py``). It is seeded with the
+caller's scope (the bearer token or API key, and the ``user`` field), so two people who type the same first message
+never share a session.
+
+Each stored link can be continued once. A request that continues a link already continued is a branch (the client
+edited or regenerated a message): it starts a new session, and when the turn it supersedes is still its session's
+newest, that turn is closed as ``regenerated``.
+
+Cost on the request path: one streaming BLAKE2b pass over the canonical messages (no per-prefix hashing), one Redis
+script call that replaces the turn-number ``INCR`` and overlaps the engine's work, one ``SET`` after the answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from prometheus_client import Counter
+
+from services.envelopes import request_only, stable_system, visible_answer
+from services.transport.resp import PipelinedRedis, RedisReplyError, command
+
+log = logging.getLogger("turnstream.proxy")
+
+_pack = msgspec.msgpack.Encoder().encode
+_sorted_json = msgspec.json.Encoder(order="sorted").encode
+
+# KEYS[1]: the link the request continues ('' when it continues none); ARGV[1]: the turn counters' prefix,
+# ARGV[2]: a new session id. Returns a status line (the pipelined client reads those):
+#   "new SID N" | "continue SID N" | "branch SID N OLD_SID SUPERSEDED" (SUPERSEDED 0: none to close).
+_RESOLVE = b"""
+local counters, fresh = ARGV[1], ARGV[2]
+local link = false
+if KEYS[1] ~= '' then link = redis.call('GET', KEYS[1]) end
+if link then
+  local sid, n, taken = string.match(link, '^(%S+) (%d+)(.*)$')
+  if taken == '' then
+    redis.call('SET', KEYS[1], link .. ' c', 'KEEPTTL')
+    return {ok = 'continue ' .. sid .. ' ' .. redis.call('INCR', counters .. sid)}
+  end
+  local newest = tonumber(redis.call('GET', counters .. sid) or '0')
+  local superseded = 0
+  if newest == tonumber(n) + 1 then superseded = newest end
+  return {ok = 'branch ' .. fresh .. ' ' .. redis.call('INCR', counters .. fresh) .. ' ' .. sid .. ' ' .. superseded}
+end
+return {ok = 'new ' .. fresh .. ' ' .. redis.call('INCR', counters .. fresh)}
+"""
+_RESOLVE_SHA = hashlib.sha1(_RESOLVE).hexdigest().encode()
+
+# A turn that resolved but was never answered (the engine failed, the stream broke off): its link is free again
+# and its number given back when nothing took a later one, so the client's retry continues the session.
+# KEYS[1]: the link ('' when none), ARGV[1]: the session's counter, ARGV[2]: the turn's number.
+_RELEASE = b"""
+if KEYS[1] ~= '' then
+  local link = redis.call('GET', KEYS[1])
+  if link and string.sub(link, -2) == ' c' then
+    redis.call('SET', KEYS[1], string.sub(link, 1, -3), 'KEEPTTL')
+  end
+end
+if tonumber(redis.call('GET', ARGV[1]) or '0') == tonumber(ARGV[2]) then redis.call('DECR', ARGV[1]) end
+return 1
+"""
+
+
+def _arguments(raw: object) -> bytes:
+    """Tool-call arguments as data: re-serialised JSON (other spacing, key order) is the same call."""
+    if isinstance(raw, str):
+        try:
+            return _sorted_json(json.loads(raw))
+        except ValueError:
+            return raw.encode()
+    return _sorted_json(raw)
+
+
+def canonical(message: Mapping[str, Any]) -> bytes:
+    """One message as the bytes the conversation hash reads (see the module docstring for what is ignored)."""
+    content = message.get("content")
+    role = message.get("role")
+    extra: list[Any] = []
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type", "text") == "text":
+                texts.append(str(part.get("text", "")))
+            else:  # an image or audio part: compared as it is
+                extra.append(part)
+        text = "".join(texts)
+    else:
+        text = ""
+    if role == "system":
+        text = stable_system(text)
+    elif role == "assistant":
+        text = visible_answer(text)
+    calls = message.get("tool_calls")
+    if calls:
+        extra.append(
+            [
+                (
+                    (c.get("function") or {}).get("name"),
+                    _arguments((c.get("function") or {}).get("arguments", "")),
+                )
+                for c in calls
+                if isinstance(c, Mapping)
+            ]
+        )
+    return _pack((role, text.strip(), _sorted_json(extra) if extra else b""))
+
+
+@dataclass(frozen=True)
+class Links:
+    """A request's place in its conversation: the link it continues and the hash state to store its own."""
+
+    continues: bytes | None
+    """The hash of the messages up to the last assistant message, when new messages follow it."""
+    state: Any
+    """The running hash over all of the request's messages (``hashlib`` object), extended by the answer."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    session_id: str
+    turn_index: int
+    how: str
+    """``new``, ``continue`` or ``branch``."""
+    superseded: tuple[str, int] | None = None
+    """(session id, turn index) of the turn a branch supersedes, when it is still its session's newest."""
+
+
+def scope(headers: Mapping[str, str], body: Mapping[str, Any]) -> bytes:
+    """Who is talking: the credentials the request carries and its ``user`` field."""
+    user = body.get("user")
+    return _pack(
+        (
+            headers.get("authorization", ""),
+            headers.get("x-api-key", ""),
+            user if isinstance(user, str) else "",
+        )
+    )
+
+
+def links(headers: Mapping[str, str], body: Mapping[str, Any]) -> Links:
+    messages = body["messages"]
+    h = hashlib.blake2b(scope(headers, body), digest_size=16)
+    continues: bytes | None = None
+    after = False  # a user or tool message after the last assistant message
+    for m in messages:
+        if request_only(m):
+            continue
+        h.update(canonical(m))
+        if m.get("role") == "assistant":
+            continues, after = h.digest(), False
+        else:
+            after = True
+    return Links(continues if after else None, h)
+
+
+def answered(state: Any, response: Mapping[str, Any]) -> bytes:
+    """The hash of a request's conversation followed by the answer it got: the link the next request continues."""
+    h = state.copy()
+    h.update(canonical(response))
+    digest: bytes = h.digest()
+    return digest
+
+
+class Continuity:
+    """The Redis side: resolve a request's session, store the link its answer makes."""
+
+    def __init__(self, redis: PipelinedRedis, key_prefix: str, ttl_s: int) -> None:
+        self.redis = redis
+        self.link_prefix = f"{key_prefix}conv:".encode()
+        self.counters = f"{key_prefix}turns:".encode()
+        self.ttl = str(ttl_s).encode()
+
+    def _key(self, digest: bytes) -> bytes:
+        return self.link_prefix + digest.hex().encode()
+
+    async def resolve(self, continues: bytes | None, fresh: str) -> Resolved:
+        key = self._key(continues) if continues is not None else b""
+        try:
+            reply = await self.redis.send(
+                command(b"EVALSHA", _RESOLVE_SHA, b"1", key, self.counters, fresh.encode())
+            )
+        except RedisReplyError as exc:
+            if "NOSCRIPT" not in str(exc):
+                raise
+            reply = await self.redis.send(
+                command(b"EVAL", _RESOLVE, b"1", key, self.counters, fresh.encode())
+            )
+        how, sid, n, *rest = str(reply).split(" ")
+        superseded = (rest[0], int(rest[1])) if how == "branch" and rest[1] != "0" else None
+        return Resolved(sid, int(n), how, superseded)
+
+    def release(self, continues: bytes | None, resolved: Resolved) -> Any:
+        """Undo a resolution whose turn was never answered (see ``_RELEASE``)."""
+        key = self._key(continues) if continues is not None and resolved.how == "continue" else b""
+        counter = self.counters + resolved.session_id.encode()
+        return self.redis.send(
+            command(b"EVAL", _RELEASE, b"1", key, counter, str(resolved.turn_index).encode())
+        )
+
+    def link(self, digest: bytes, session_id: str, turn_index: int) -> Any:
+        """Store the link an answer makes; written to the connection at once (before the answer's last bytes go
+        out, so the client's next request finds it), awaited by nobody on the request path."""
+        value = b"%s %d" % (session_id.encode(), turn_index)
+        return self.redis.send(command(b"SET", self._key(digest), value, b"EX", self.ttl))
+
+
+SESSIONS = Counter(
+    "turnstream_proxy_sessions_total",
+    "Main turns by how their session was found: explicit (an id sent), continue (inferred), new, branch, "
+    "unresolved (Redis did not answer)",
+    ["how"],
+)
+WARN_AFTER = 20
+"""Main turns after which a proxy that found no session for any of them says so, once."""
+
+
+class SessionWatch:
+    """Counts how main turns found their session, and warns once when none ever does: then nothing is paired,
+    judged or trained on, and the user should know why."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.found = 0
+        self.warned = False
+        self._children = {
+            how: SESSIONS.labels(how) for how in ("explicit", "continue", "new", "branch", "unresolved")
+        }
+
+    def count(self, how: str) -> None:
+        self._children[how].inc()
+        self.seen += 1
+        if how in ("explicit", "continue"):
+            self.found += 1
+        elif not self.warned and not self.found and self.seen >= WARN_AFTER:
+            self.warned = True
+            log.warning(
+                f"the last {self.seen} main turns arrived without session ids and did not continue earlier turns:"
+                " each is a session of one turn, never paired, judged or trained on. Send X-Session-Id, or send"
+                " each request with the conversation so far (see docs/clients.md)"
+            )
