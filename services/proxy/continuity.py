@@ -17,8 +17,9 @@ Each stored link can be continued once. A request that continues a link already 
 edited or regenerated a message): it starts a new session, and when the turn it supersedes is still its session's
 newest, that turn is closed as ``regenerated``.
 
-Cost on the request path: one streaming BLAKE2b pass over the canonical messages (no per-prefix hashing), one Redis
-script call that replaces the turn-number ``INCR`` and overlaps the engine's work, one ``SET`` after the answer.
+Cost on the request path: one streaming SHA-256 pass (hardware-accelerated on x86 and ARM; BLAKE2b took 2.6 times
+as long on OpenClaw's 48k-character system prompt) over the canonical messages, no per-prefix hashing; one Redis
+script call that replaces the turn-number ``INCR`` and overlaps the engine's work; one ``SET`` after the answer.
 """
 
 from __future__ import annotations
@@ -88,6 +89,15 @@ def _arguments(raw: object) -> bytes:
     return _sorted_json(raw)
 
 
+def _tool_calls(message: Mapping[str, Any]) -> list[tuple[Any, bytes]]:
+    """Tool calls as (name, arguments as sorted JSON): ids and argument formatting do not count."""
+    return [
+        ((c.get("function") or {}).get("name"), _arguments((c.get("function") or {}).get("arguments", "")))
+        for c in message.get("tool_calls") or ()
+        if isinstance(c, Mapping)
+    ]
+
+
 def canonical(message: Mapping[str, Any]) -> bytes:
     """One message as the bytes the conversation hash reads (see the module docstring for what is ignored)."""
     content = message.get("content")
@@ -109,18 +119,9 @@ def canonical(message: Mapping[str, Any]) -> bytes:
         text = stable_system(text)
     elif role == "assistant":
         text = visible_answer(text)
-    calls = message.get("tool_calls")
+    calls = _tool_calls(message)
     if calls:
-        extra.append(
-            [
-                (
-                    (c.get("function") or {}).get("name"),
-                    _arguments((c.get("function") or {}).get("arguments", "")),
-                )
-                for c in calls
-                if isinstance(c, Mapping)
-            ]
-        )
+        extra.append(calls)
     return _pack((role, text.strip(), _sorted_json(extra) if extra else b""))
 
 
@@ -158,7 +159,7 @@ def scope(headers: Mapping[str, str], body: Mapping[str, Any]) -> bytes:
 
 def links(headers: Mapping[str, str], body: Mapping[str, Any]) -> Links:
     messages = body["messages"]
-    h = hashlib.blake2b(scope(headers, body), digest_size=16)
+    h = hashlib.sha256(scope(headers, body))
     continues: bytes | None = None
     after = False  # a user or tool message after the last assistant message
     for m in messages:
@@ -166,7 +167,7 @@ def links(headers: Mapping[str, str], body: Mapping[str, Any]) -> Links:
             continue
         h.update(canonical(m))
         if m.get("role") == "assistant":
-            continues, after = h.digest(), False
+            continues, after = h.digest()[:16], False
         else:
             after = True
     return Links(continues if after else None, h)
@@ -176,7 +177,7 @@ def answered(state: Any, response: Mapping[str, Any]) -> bytes:
     """The hash of a request's conversation followed by the answer it got: the link the next request continues."""
     h = state.copy()
     h.update(canonical(response))
-    digest: bytes = h.digest()
+    digest: bytes = h.digest()[:16]
     return digest
 
 

@@ -147,7 +147,9 @@ async def test_resolve_continues_branches_supersedes_and_gives_back(
         Continuity(PipelinedRedis(redis_config.url), redis_config.key_prefix, ttl_s=60) for _ in range(2)
     ]
     a, b = replicas
-    await redis_client.script_flush()  # as after a Redis restart: EVALSHA answers NOSCRIPT, the script is sent
+    await (
+        redis_client.script_flush()
+    )  # as after a Redis restart: EVALSHA answers NOSCRIPT, the script is sent
     try:
         first = await a.resolve(None, "anon-1")
         assert (first.how, first.session_id, first.turn_index, first.superseded) == ("new", "anon-1", 1, None)
@@ -243,11 +245,12 @@ def test_stock_openclaws_captured_requests_continue_their_own_session_only(name:
     made: dict[str, bytes] = {}  # the link each session's latest answer made
     for n, (headers, request) in enumerate(requests, start=1):
         sid = session_of(request)
-        continues = links(headers, request).continues
+        chain = links(headers, request)
+        continues = chain.continues
         if sid in made:
             assert continues == made[sid], f"{name} request {n} does not continue {sid}"
             assert continues not in [link for other, link in made.items() if other != sid]
         else:
             assert continues is None
-        made[sid] = answered(links(headers, request).state, capture_reply(n, mode, request))
+        made[sid] = answered(chain.state, capture_reply(n, mode, request))
     assert len(requests) - len(made) >= 2  # continuations were checked

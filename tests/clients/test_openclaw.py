@@ -1,0 +1,105 @@
+"""Stock OpenClaw from npm (``openclaw@2026.9.6``, headless, lean config, no session headers) through the real proxy
+to the real SGLang, Kafka and Redis: each OpenClaw session becomes one turnstream session whose turns are paired
+with what the user said next, and the rules judge reads the user's correction through OpenClaw's timestamp.
+
+OpenClaw is installed by ``scripts/openclaw.sh install`` (Node 24 and OpenClaw from the npm registry into the
+cache; ``scripts/test.sh`` runs it). Each OpenClaw call starts a Node process (about 10 s here) and sends a
+2,000-token prompt: answers are kept to 16 tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from schemas import Judgment, Turn
+from services.config import Config, JudgeConfig, KafkaConfig, RedisConfig
+from services.judge.worker import run_judge
+from tests.services.judge.conftest import wait_for_judgments
+from tests.services.proxy.conftest import ProxyProcess, pair_all, wait_for_turns
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "openclaw.sh"
+MESSAGES = ("What is 2+2?", "No, answer in one word.", "Thanks.")
+
+
+def agent(state: Path, session: str, message: str) -> dict[str, object]:
+    env = {**os.environ, "OPENCLAW_MAX_TOKENS": "16", "OPENCLAW_TIMEOUT": "300"}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "agent", str(state), session, message],
+        env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(done.stdout[done.stdout.index("{") :])
+
+
+def setup(state: Path, base_url: str) -> None:
+    subprocess.run(["bash", str(SCRIPT), "install"], check=True, timeout=600)
+    subprocess.run(["bash", str(SCRIPT), "config", str(state), base_url, "--lean"], check=True, timeout=300)
+
+
+def openclaw_session(turn: Turn) -> str:
+    """The OpenClaw session a recorded turn came from: OpenClaw writes it into the first user message."""
+    first = next(m for m in turn.messages if m.role == "user")
+    found = re.search(r"sessionId=(\w+)", first.text)
+    assert found, first.text[:300]
+    return found.group(1)
+
+
+async def test_stock_openclaw_sessions_become_paired_sessions(
+    proxy: ProxyProcess, proxy_env: dict[str, str], kafka: KafkaConfig, tmp_path: Path
+) -> None:
+    state = tmp_path / "openclaw"
+    await asyncio.to_thread(setup, state, proxy.url + "/v1")
+    for message in MESSAGES:  # two sessions, interleaved, as two users of one OpenClaw
+        for session in ("alpha", "beta"):
+            await asyncio.to_thread(agent, state, session, message)
+    turns = await wait_for_turns(kafka, 6)
+    sessions: dict[str, set[str]] = {}
+    for t in turns:
+        sessions.setdefault(openclaw_session(t), set()).add(t.session_id)
+    assert sessions.keys() == {"alpha", "beta"}
+    assert all(len(ids) == 1 for ids in sessions.values()), sessions  # one turnstream session each
+    indexes = {
+        sid: sorted(t.turn_index for t in turns if t.session_id == sid) for (sid,) in sessions.values()
+    }
+    assert all(ix == list(range(1, len(ix) + 1)) and len(ix) >= 3 for ix in indexes.values()), indexes
+    config = Config(
+        kafka=kafka,
+        redis=RedisConfig(
+            url=proxy_env["TURNSTREAM_REDIS_URL"], key_prefix=proxy_env["TURNSTREAM_REDIS_KEY_PREFIX"]
+        ),
+        judge=JudgeConfig(backend="rules"),
+    )
+    pairs = await pair_all(config, expect=len(turns) - 2)
+    assert not any(p.misaligned for p in pairs)
+    corrections = [
+        p for p in pairs if p.next_state and any("No, answer in one word." in m.text for m in p.next_state)
+    ]
+    assert len(corrections) == 2, [p.next_state for p in pairs]
+    assert all(
+        re.fullmatch(r"\[\w{3} \d{4}-\d\d-\d\d \d\d:\d\d [^\]]+\] No, answer in one word\.", m.text)
+        for p in corrections
+        for m in p.next_state or []
+    )
+    # The rules judge reads the correction through OpenClaw's timestamp: -1, with the correction as the hint.
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_judge(config, install_signals=False, stop=stop))
+    wanted = {p.turn_id for p in corrections}
+    try:
+        judged: list[Judgment] = await wait_for_judgments(
+            kafka, lambda js: wanted <= {j.turn_id for j in js if j.kind == "hint"}, 120
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    verdicts = {(j.turn_id, j.kind): j for j in judged if j.turn_id in wanted}
+    assert all(verdicts[(t, "eval")].eval_score == -1 for t in wanted), verdicts
+    assert all(
+        verdicts[(t, "hint")].accepted and verdicts[(t, "hint")].hint == "Answer in one word." for t in wanted
+    )
