@@ -56,6 +56,14 @@ def main() -> None:
         "--conversations", type=int, default=0, help="turns per header-less conversation (0: X-Session-Id)"
     )
     ap.add_argument("--system-chars", type=int, default=7600, help="system prompt size in conversations")
+    ap.add_argument(
+        "--base-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the base proxy only (e.g. TURNSTREAM_PROXY_SESSION_INFERENCE=off "
+        "with --base HEAD: one feature on and off in the same code)",
+    )
     args = ap.parse_args()
     if args.conversations and args.stream:
         ap.error("--conversations sends non-streamed requests")
@@ -90,6 +98,8 @@ def main() -> None:
                 "TURNSTREAM_PROXY_WEIGHTS_ROOT": tmp,
                 "TURNSTREAM_LOGGING_LEVEL": "WARNING",
             }
+            if name == "base":
+                env.update(item.split("=", 1) for item in args.base_env)  # type: ignore[misc]
             cmd = [sys.executable, "-m", "services.cli", "proxy"]
             procs[name] = (subprocess.Popen(cmd, env=env, cwd=root), port)
         wait_http(f"http://127.0.0.1:{stub_port}/health")
@@ -141,6 +151,7 @@ def main() -> None:
         json.dumps(
             {
                 "base": args.base,
+                "base_env": args.base_env,
                 "concurrency": args.concurrency,
                 "stream": args.stream,
                 "conversation_turns": args.conversations or None,

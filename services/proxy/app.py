@@ -34,7 +34,7 @@ from services.engine_client import (
 from services.proxy.adapters import Adapters, with_version, without_adapter
 from services.proxy.additions import client_wants, strip_response, strip_stream_chunk
 from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
-from services.proxy.continuity import Continuity, Links, Resolved, SessionWatch, answered, links
+from services.proxy.continuity import Asked, Continuity, Links, Resolved, SessionWatch, answered, links
 from services.proxy.recorder import TurnRecorder
 from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
@@ -84,8 +84,10 @@ class Pending:
 
     chain: Links
     fresh: str
-    task: asyncio.Task[Resolved | None]
+    asked: Asked
     resolved: Resolved | None = None
+    done: bool = False
+    """``resolved`` is final (None then: Redis did not answer in time)."""
 
 
 def _answer(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -185,25 +187,30 @@ class ChatProxy:
             self.state.turn_numbers.next(session_id), "the turn is numbered when published", session_id
         )
 
-    async def resolve(self, continuity: Continuity, chain: Links, fresh: str) -> Resolved | None:
-        """The session a turn without a session id continues, and its number there; None when Redis did not
-        answer in time (then the turn starts a session of its own, numbered when published)."""
+    async def resolve(self, pending: Pending) -> Resolved | None:
+        """The session a turn without a session id continues, and its number there (once per turn); None when
+        Redis did not answer in time (then the turn starts a session of its own, numbered when published)."""
+        if pending.done:
+            return pending.resolved
+        continuity = self.state.continuity
+        assert continuity is not None
         try:
             async with asyncio.timeout(self.pc.redis_timeout_ms / 1000):
-                return await continuity.resolve(chain.continues, fresh)
+                pending.resolved = await continuity.resolve(pending.asked)
         except Exception as exc:
             log.warning(
                 "session inference unavailable; the turn starts a session of its own",
-                extra={"session_id": fresh, "error": repr(exc)},
+                extra={"session_id": pending.fresh, "error": repr(exc)},
             )
-            return None
+        pending.done = True
+        return pending.resolved
 
     async def settle(
         self, session: SessionInfo, pending: Pending, headers: dict[str, str]
     ) -> tuple[SessionInfo, asyncio.Future[int | None] | None]:
         """The resolved session and turn number of a turn whose session was inferred; a branch closes the turn it
         supersedes as ``regenerated``."""
-        resolved = pending.resolved = await pending.task
+        resolved = await self.resolve(pending)
         self.watch.count(resolved.how if resolved is not None else "unresolved")
         if resolved is None:
             return session, None
@@ -221,7 +228,7 @@ class ChatProxy:
     async def abandon(self, pending: Pending, settled: bool = False) -> None:
         """A turn that resolved a session but got no answer: its link and number are given back (the client's
         retry continues the session instead of branching from it)."""
-        resolved = pending.resolved if settled else await pending.task
+        resolved = pending.resolved if settled else await self.resolve(pending)
         continuity = self.state.continuity
         if resolved is None or continuity is None:
             return
@@ -235,7 +242,6 @@ class ChatProxy:
         self,
         pending: Pending,
         session: SessionInfo,
-        index: asyncio.Future[int | None] | None,
         answer: dict[str, Any] | None,
     ) -> None:
         """Store the link this turn's answer makes, so the client's next request continues the session."""
@@ -243,17 +249,16 @@ class ChatProxy:
         if continuity is None or pending.resolved is None or answer is None or session.done:
             return
         try:
-            sent = asyncio.ensure_future(
-                continuity.link(
-                    answered(pending.chain.state, answer),
-                    pending.resolved.session_id,
-                    pending.resolved.turn_index,
-                )
+            reply = continuity.link(
+                answered(pending.chain.state, answer),
+                pending.resolved.session_id,
+                pending.resolved.turn_index,
             )
         except Exception as exc:  # never the user's response
             log.warning("storing a conversation link failed", extra={"error": repr(exc)})
             return
-        sent.add_done_callback(_link_stored)
+        if reply is not None:  # Redis sends a reply (no CLIENT REPLY, or not connected yet): read by nobody
+            asyncio.ensure_future(reply).add_done_callback(_link_stored)
 
     def end_session(self, session_id: str) -> None:
         """A side request ended the session (``X-Session-Done``): spool a ``SessionEnded`` naming the session's
@@ -358,9 +363,7 @@ class ChatProxy:
                 if continuity is not None and not self.state.recorder.deferring:
                     # Which session this continues, resolved beside the engine's work (``settle``).
                     chain = links(request.headers, body)
-                    pending = Pending(
-                        chain, fresh, asyncio.create_task(self.resolve(continuity, chain, fresh))
-                    )
+                    pending = Pending(chain, fresh, continuity.ask(chain.continues, fresh))
                 else:
                     self.watch.count("new")
                 session = SessionInfo(fresh, session.turn_type, session.done)
@@ -408,7 +411,7 @@ class ChatProxy:
             self.unroute(leased)
         if pending is not None:
             session, index = await self.settle(session, pending, headers)
-            self.link(pending, session, index, _answer(data))
+            self.link(pending, session, _answer(data))
         # How long the engine took, as the proxy saw it (a standard header, shown by browsers and tracers): what a
         # client measures beyond it is the proxy's own time.
         headers["Server-Timing"] = f"engine;dur={1000 * (time.perf_counter() - sent):.2f}"
@@ -574,7 +577,7 @@ class ChatProxy:
                         if payload == b"[DONE]":
                             complete = ended = True
                             if pending is not None:  # stored before the client has the last byte
-                                self.link(pending, session, index, completion.answer())
+                                self.link(pending, session, completion.answer())
                             out.append(b"data: [DONE]\n\n")
                             break
                         if main:

@@ -24,6 +24,7 @@ script call that replaces the turn-number ``INCR`` and overlaps the engine's wor
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -136,6 +137,14 @@ class Links:
 
 
 @dataclass(frozen=True)
+class Asked:
+    """A resolution sent to Redis, its reply not read yet."""
+
+    reply: asyncio.Future[Any]
+    args: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
 class Resolved:
     session_id: str
     turn_index: int
@@ -193,18 +202,20 @@ class Continuity:
     def _key(self, digest: bytes) -> bytes:
         return self.link_prefix + digest.hex().encode()
 
-    async def resolve(self, continues: bytes | None, fresh: str) -> Resolved:
+    def ask(self, continues: bytes | None, fresh: str) -> Asked:
+        """Send the resolution now (written to the connection before the engine call is even prepared, so that
+        its reply is usually read in the same wake-up as the engine's); ``resolve`` reads it."""
         key = self._key(continues) if continues is not None else b""
+        args = (b"1", key, self.counters, fresh.encode())
+        return Asked(asyncio.ensure_future(self.redis.send(command(b"EVALSHA", _RESOLVE_SHA, *args))), args)
+
+    async def resolve(self, asked: Asked) -> Resolved:
         try:
-            reply = await self.redis.send(
-                command(b"EVALSHA", _RESOLVE_SHA, b"1", key, self.counters, fresh.encode())
-            )
+            reply = await asked.reply
         except RedisReplyError as exc:
             if "NOSCRIPT" not in str(exc):
                 raise
-            reply = await self.redis.send(
-                command(b"EVAL", _RESOLVE, b"1", key, self.counters, fresh.encode())
-            )
+            reply = await self.redis.send(command(b"EVAL", _RESOLVE, *asked.args))
         how, sid, n, *rest = str(reply).split(" ")
         superseded = (rest[0], int(rest[1])) if how == "branch" and rest[1] != "0" else None
         return Resolved(sid, int(n), how, superseded)
@@ -219,9 +230,10 @@ class Continuity:
 
     def link(self, digest: bytes, session_id: str, turn_index: int) -> Any:
         """Store the link an answer makes; written to the connection at once (before the answer's last bytes go
-        out, so the client's next request finds it), awaited by nobody on the request path."""
+        out, so the client's next request finds it), its reply skipped (``PipelinedRedis.fire``: None) or awaited
+        by nobody on the request path."""
         value = b"%s %d" % (session_id.encode(), turn_index)
-        return self.redis.send(command(b"SET", self._key(digest), value, b"EX", self.ttl))
+        return self.redis.fire(command(b"SET", self._key(digest), value, b"EX", self.ttl))
 
 
 SESSIONS = Counter(

@@ -31,6 +31,10 @@ def command(*args: bytes) -> bytes:
     return b"".join(parts)
 
 
+_SKIP_NEXT_REPLY = command(b"CLIENT", b"REPLY", b"SKIP")
+"""Redis answers neither this nor the command after it."""
+
+
 class Replies(asyncio.Protocol):
     """Simple RESP replies (integers, status lines, errors), matched to the waiting futures in order."""
 
@@ -39,6 +43,8 @@ class Replies(asyncio.Protocol):
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.buffer = b""
         self.lost = False
+        self.can_skip: bool | None = None
+        """Whether Redis accepts ``CLIENT REPLY`` (``PipelinedRedis.fire``); None: not asked yet."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -111,6 +117,26 @@ class PipelinedRedis:
         if conn is None or conn.lost:
             return self._connect_and_send(encoded)
         return conn.send(encoded)
+
+    def fire(self, encoded: bytes) -> Awaitable[Any] | None:
+        """Send a command whose reply nobody waits for. Where Redis allows it, it is told not to send one
+        (``CLIENT REPLY SKIP``): no reply to read, no wake-up of the event loop for it. Else (or not connected yet)
+        the reply's awaitable, as ``send``; None when the command went out without one."""
+        conn = self._conn
+        if conn is not None and not conn.lost and conn.transport is not None:
+            if conn.can_skip:
+                conn.transport.write(_SKIP_NEXT_REPLY + encoded)
+                return None
+            if conn.can_skip is None:  # asked once per connection, beside this command (an ACL may refuse it)
+                conn.can_skip = False
+                conn.send(command(b"CLIENT", b"REPLY", b"ON")).add_done_callback(
+                    lambda asked: setattr(
+                        conn,
+                        "can_skip",
+                        not asked.cancelled() and asked.exception() is None and asked.result() == "OK",
+                    )
+                )
+        return self.send(encoded)
 
     async def _connect_and_send(self, encoded: bytes) -> Any:
         return await (await self._connect()).send(encoded)

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from services.config import RedisConfig
 from services.proxy.continuity import Continuity, answered, canonical, links
-from services.transport.resp import PipelinedRedis
+from services.transport.resp import PipelinedRedis, command
 
 SYSTEM = {"role": "system", "content": "You are helpful."}
 CALL = {
@@ -139,6 +139,14 @@ def test_canonical_messages_are_unambiguous() -> None:
     )
 
 
+async def linked(replica: Continuity, digest: bytes, session_id: str, turn_index: int) -> None:
+    """Store a link and wait until Redis has it: a reply is skipped, so a round trip on the same connection."""
+    reply = replica.link(digest, session_id, turn_index)
+    if reply is not None:
+        await reply
+    assert await replica.redis.send(command(b"INCRBY", b"test-barrier", b"0")) >= 0
+
+
 @pytest.mark.integration
 async def test_resolve_continues_branches_supersedes_and_gives_back(
     redis_config: RedisConfig, redis_client: aioredis.Redis
@@ -151,17 +159,19 @@ async def test_resolve_continues_branches_supersedes_and_gives_back(
         redis_client.script_flush()
     )  # as after a Redis restart: EVALSHA answers NOSCRIPT, the script is sent
     try:
-        first = await a.resolve(None, "anon-1")
+        first = await a.resolve(a.ask(None, "anon-1"))
         assert (first.how, first.session_id, first.turn_index, first.superseded) == ("new", "anon-1", 1, None)
-        await a.link(b"link-1", "anon-1", 1)
+
+        await linked(a, b"link-1", "anon-1", 1)
+        assert a.redis._conn is not None and a.redis._conn.can_skip  # later links are stored without a reply
         ttl = await redis_client.ttl(f"{redis_config.key_prefix}conv:{b'link-1'.hex()}")
         assert 0 < ttl <= 60
         # The other replica continues it (the state is in Redis), numbering on from the session's counter.
-        second = await b.resolve(b"link-1", "anon-unused")
+        second = await b.resolve(b.ask(b"link-1", "anon-unused"))
         assert (second.how, second.session_id, second.turn_index) == ("continue", "anon-1", 2)
-        await b.link(b"link-2", "anon-1", 2)
+        await linked(b, b"link-2", "anon-1", 2)
         # The same request again (a regenerate): a branch; turn 2 is the session's newest, so it is superseded.
-        again = await a.resolve(b"link-1", "anon-2")
+        again = await a.resolve(a.ask(b"link-1", "anon-2"))
         assert (again.how, again.session_id, again.turn_index, again.superseded) == (
             "branch",
             "anon-2",
@@ -170,20 +180,22 @@ async def test_resolve_continues_branches_supersedes_and_gives_back(
         )
         # The first session went on meanwhile (turn 3 continues turn 2): a branch from turn 1 supersedes nothing
         # still open.
-        third = await a.resolve(b"link-2", "anon-unused")
+        third = await a.resolve(a.ask(b"link-2", "anon-unused"))
         assert (third.how, third.session_id, third.turn_index) == ("continue", "anon-1", 3)
-        older = await b.resolve(b"link-1", "anon-3")
+        older = await b.resolve(b.ask(b"link-1", "anon-3"))
         assert (older.how, older.session_id, older.superseded) == ("branch", "anon-3", None)
         # An unanswered turn gives its link and number back: the retry continues, numbered the same.
-        await a.link(b"link-3", "anon-1", 3)
-        failed = await a.resolve(b"link-3", "anon-unused")
+        await linked(a, b"link-3", "anon-1", 3)
+        failed = await a.resolve(a.ask(b"link-3", "anon-unused"))
         assert (failed.how, failed.turn_index) == ("continue", 4)
         await a.release(b"link-3", failed)
-        retry = await b.resolve(b"link-3", "anon-unused")
+        retry = await b.resolve(b.ask(b"link-3", "anon-unused"))
         assert (retry.how, retry.session_id, retry.turn_index) == ("continue", "anon-1", 4)
         # Concurrent requests continuing one link: exactly one continues, the rest branch.
-        await a.link(b"link-4", "anon-1", 4)
-        raced = await asyncio.gather(*(replicas[i % 2].resolve(b"link-4", f"anon-r{i}") for i in range(6)))
+        await linked(a, b"link-4", "anon-1", 4)
+        raced = await asyncio.gather(
+            *(replicas[i % 2].resolve(replicas[i % 2].ask(b"link-4", f"anon-r{i}")) for i in range(6))
+        )
         assert sorted(r.how for r in raced) == ["branch"] * 5 + ["continue"]
     finally:
         await asyncio.gather(*(r.redis.aclose() for r in replicas))
