@@ -1,6 +1,7 @@
 """Stock OpenClaw from npm (``openclaw@2026.9.6``, headless, lean config, no session headers) through the real proxy
 to the real SGLang, Kafka and Redis: each OpenClaw session becomes one turnstream session whose turns are paired
-with what the user said next, and the rules judge reads the user's correction through OpenClaw's timestamp.
+with what the user said next, the rules judge reads the user's correction through OpenClaw's timestamp, and the
+dispatcher makes the corrected turns training samples.
 
 OpenClaw is installed by ``scripts/openclaw.sh install`` (Node 24 and OpenClaw from the npm registry into the
 cache; ``scripts/test.sh`` runs it). Each OpenClaw call starts a Node process (about 10 s here) and sends a
@@ -15,11 +16,15 @@ import re
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from schemas import Judgment, Turn
-from services.config import Config, JudgeConfig, KafkaConfig, RedisConfig
+from schemas import Judgment, Sample, Turn
+from schemas.topics import SAMPLES
+from services.config import Config, DispatcherConfig, JudgeConfig, KafkaConfig, RedisConfig
+from services.dispatcher.worker import run_dispatcher
 from services.judge.worker import run_judge
+from tests.kafka_wait import wait_for_events
 from tests.services.judge.conftest import wait_for_judgments
 from tests.services.proxy.conftest import ProxyProcess, pair_all, wait_for_turns
 
@@ -102,4 +107,19 @@ async def test_stock_openclaw_sessions_become_paired_sessions(
     assert all(verdicts[(t, "eval")].eval_score == -1 for t in wanted), verdicts
     assert all(
         verdicts[(t, "hint")].accepted and verdicts[(t, "hint")].hint == "Answer in one word." for t in wanted
+    )
+    # And they become training samples (mode rl: the judged reward), which the trainer takes from any client.
+    rl = msgspec.structs.replace(config, dispatcher=DispatcherConfig(mode="rl", sweep_interval_s=0.2))
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_dispatcher(rl, install_signals=False, stop=stop))
+    try:
+        samples: list[Sample] = await wait_for_events(
+            kafka, SAMPLES, lambda ss: wanted <= {s.sample_id for s in ss}, 120
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    taught = {s.sample_id: s for s in samples if s.sample_id in wanted}
+    assert all(s.reward == -1 and s.session_id in {t.session_id for t in turns} for s in taught.values()), (
+        taught
     )
