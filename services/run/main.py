@@ -55,14 +55,15 @@ def _banner(config: Config, run_dir: Path) -> str:
     url = f"http://127.0.0.1:{config.proxy.port}/v1"
     console = f"Console: http://127.0.0.1:{config.console.port}/\n" if config.run.console else ""
     return f"""
-turnstream is running. OpenAI-compatible API: {url}  (model "policy"; send X-Session-Id to group a conversation)
+turnstream is running. OpenAI-compatible API: {url}  (model "policy"; send each request with the conversation
+so far and its session is found, or name it with X-Session-Id; clients: docs/clients.md)
 
-  curl -s {url}/chat/completions -H 'content-type: application/json' -H 'X-Session-Id: demo' \\
+  curl -s {url}/chat/completions -H 'content-type: application/json' \\
        -d '{{"messages": [{{"role": "user", "content": "Hi!"}}], "max_tokens": 32}}'
 
   from openai import OpenAI
   client = OpenAI(base_url="{url}", api_key="unused")
-  client.chat.completions.create(model="policy", messages=[...], extra_headers={{"X-Session-Id": "demo"}})
+  client.chat.completions.create(model="policy", messages=[...])
 
 {console}Logs: {run_dir}/<service>.log   Status: {run_dir}/status.json   Ctrl-C stops everything.
 """
