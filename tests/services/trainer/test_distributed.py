@@ -176,24 +176,25 @@ async def test_torchrun_trainer_service_steps_checkpoints_per_rank_and_resumes(
     assert weights.keys() == read_hf_weights(tiny_llama).keys()
 
 
-def _idle(where: str, timeout: float, gap: float) -> subprocess.CompletedProcess[str]:
+def _idle(where: str, timeout: float, gap: float, folder: Path) -> subprocess.CompletedProcess[str]:
+    folder.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("MASTER_PORT", None)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
-        str(ROOT / "tests/services/trainer/idle_check.py"), str(timeout), str(gap), where,
+        str(ROOT / "tests/services/trainer/idle_check.py"), str(timeout), str(gap), where, str(folder),
     ]  # fmt: skip
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_ranks_survive_an_idle_gap_longer_than_the_collective_timeout() -> None:
+def test_ranks_survive_an_idle_gap_longer_than_the_collective_timeout(tmp_path: Path) -> None:
     """A quiet night: rank 0 has no batch for longer than the collective timeout (NCCL's is 10 minutes; here 3 s
     against a 10 s gap). Waiting on the control group survives it; waiting on the tensor group, as the trainer
     once did, does not."""
-    survived = _idle("control", 3, 10)
+    survived = _idle("control", 3, 10, tmp_path / "control")
     assert survived.returncode == 0, survived.stderr[-3000:]
     assert "rank 1 survived 10 s idle" in survived.stdout
-    failed = _idle("default", 3, 10)
+    failed = _idle("default", 3, 10, tmp_path / "default")
     assert failed.returncode != 0
     assert "timed out" in failed.stderr.lower() or "timeout" in failed.stderr.lower(), failed.stderr[-3000:]
 
