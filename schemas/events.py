@@ -556,7 +556,10 @@ class EvalResult(Event, frozen=True, tag="eval_result"):
 
 
 class DeadLetter(Event, frozen=True, tag="dead_letter"):
-    """A record a consumer could not use, with where it came from and why. Its payload is kept verbatim."""
+    """A record a consumer could not use, with where it came from and why. Its payload is kept verbatim, unless
+    the letter would not fit a Kafka record: then ``payload`` is empty and ``payload_omitted_bytes`` and
+    ``payload_sha256`` describe the source record, which its coordinates still find (a dead letter must always fit,
+    or the partition it came from could never move on)."""
 
     source_topic: str
     source_partition: int
@@ -569,10 +572,14 @@ class DeadLetter(Event, frozen=True, tag="dead_letter"):
     created_at: float
     source_key: bytes | None = None
     source_timestamp_ms: int | None = None
+    payload_omitted_bytes: int = 0
+    payload_sha256: str = ""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)
         _require_id("source_topic", self.source_topic)
+        if self.payload_omitted_bytes < 0:
+            _fail("payload_omitted_bytes", f"must be >= 0, got {self.payload_omitted_bytes}")
         if self.source_partition < 0:
             _fail("source_partition", f"must be >= 0, got {self.source_partition}")
         if self.source_offset < 0:

@@ -23,7 +23,14 @@ from schemas.events import (
 
 DAY_MS: Final = 24 * 3600 * 1000
 MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
-"""Large enough for a 32k-token response with top-20 teacher log-probs."""
+"""Kafka's limit for one record (``max.message.bytes``): large enough for a 32k-token response with top-20
+teacher log-probs."""
+RECORD_OVERHEAD_BYTES: Final = 4096
+"""Room for a record's key and Kafka's batch framing: a value may hold the rest of ``MAX_MESSAGE_BYTES``."""
+MAX_TURN_BYTES: Final = MAX_MESSAGE_BYTES // 4
+"""The largest ``Turn`` record. Records downstream embed turns: a pairing holds a turn and its next state (taken
+from a later turn's request, so at most another turn), a judgment embeds a pairing, and a dead letter copies
+any of these. A quarter of the record limit keeps every one of them under it by construction."""
 
 _NAMESPACE_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}\.$")
 

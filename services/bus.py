@@ -2,7 +2,9 @@
 
 Delivery is at-least-once, made effectively-once downstream by stable ids: offsets are committed only after the
 handler returned (its work is durable) and after undecodable records went to ``deadletter``. One bad record
-never stops a consumer.
+never stops a consumer: a batch that keeps failing for a reason other than the infrastructure (``transient``) is
+handled one record at a time, and the record that fails alone goes to ``deadletter``. No record is produced
+that Kafka would refuse (``RecordTooLarge``), and a dead letter always fits.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
+import redis.exceptions
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
     IllegalStateError,
@@ -22,13 +25,14 @@ from aiokafka.errors import (
     InvalidProducerIdMapping,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     OutOfOrderSequenceNumber,
     UnknownProducerId,
 )
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, RecordMetadata
 
 from schemas import DeadLetter, DecodeError, Event, TopicSpec, decode, encode
-from schemas.topics import DEADLETTER, MAX_MESSAGE_BYTES
+from schemas.topics import DEADLETTER, MAX_MESSAGE_BYTES, RECORD_OVERHEAD_BYTES
 from services.config import KafkaConfig
 from services.metrics import CONSUMED, DEADLETTERED, HANDLER_ERRORS, LAG, PRODUCED, PRODUCERS_RENEWED
 
@@ -75,6 +79,31 @@ def _security(kafka: KafkaConfig) -> dict[str, Any]:
             sasl_plain_password=kafka.sasl_password,
         )
     return opts
+
+
+class RecordTooLarge(ValueError):
+    """A record Kafka would refuse (``MAX_MESSAGE_BYTES``): raised before sending, so it never reaches aiokafka's
+    retry loop. Not ``transient``: sending it again cannot succeed."""
+
+
+MAX_VALUE_BYTES = MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES
+"""The largest record value (and key) turnstream sends."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failure is the infrastructure's (a broker, Redis or an engine unreachable or slow: retried until
+    it passes) rather than the record's own (retried a few times, then the record is dead-lettered). An exception
+    may say so itself with a ``transient`` attribute."""
+    marked = getattr(exc, "transient", None)
+    if isinstance(marked, bool):
+        return marked
+    if isinstance(exc, RecordTooLarge):
+        return False
+    if isinstance(exc, KafkaError):
+        return bool(exc.retriable) or isinstance(exc, KafkaConnectionError | KafkaTimeoutError)
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return True
+    return isinstance(exc, ConnectionError | TimeoutError | OSError)
 
 
 def _key_bytes(key: str | bytes | None) -> bytes | None:
@@ -193,6 +222,11 @@ class EventProducer:
         self, topic: str, value: bytes, key: bytes | None = None
     ) -> asyncio.Future[Any]:
         """Queue already-encoded bytes (e.g. from a durable spool); the future resolves on acknowledgement."""
+        if len(value) + len(key or b"") > MAX_VALUE_BYTES:
+            raise RecordTooLarge(
+                f"a record of {len(value) + len(key or b'')} bytes for {topic} exceeds the limit of "
+                f"{MAX_VALUE_BYTES} bytes (Kafka's {MAX_MESSAGE_BYTES} less framing)"
+            )
         if self._stale:
             await self._renew()
         fut: asyncio.Future[Any] = await self._producer.send(topic, value, key=key)
@@ -282,8 +316,10 @@ class EventConsumer:
 
     ``run(handler)`` polls batches, decodes them (bad records go to ``deadletter`` with their coordinates),
     awaits ``handler`` on the good ones, then commits. A failing handler is retried from the same offsets with
-    backoff. ``request_stop()`` (wired to SIGTERM/SIGINT by ``install_signal_handlers``) lets the in-flight batch
-    finish and commit before the consumer leaves its group.
+    backoff: for as long as the failure is ``transient``, otherwise ``attempts`` times, after which the batch is
+    handled one record at a time and a record that still fails is dead-lettered (``processing``), so its
+    partition moves on. ``request_stop()`` (wired to SIGTERM/SIGINT by ``install_signal_handlers``) lets the
+    in-flight batch finish and commit before the consumer leaves its group.
 
     ``group=False`` reads every partition without a consumer group (no heartbeats, nothing committed, starting
     from ``start_from`` each time): for followers such as the weight reloader, where every process must see every
@@ -307,8 +343,12 @@ class EventConsumer:
         fetch_max_wait_ms: int = 500,
         poll_timeout_ms: int | None = None,
         background_poll_ms: int = 200,
+        attempts: int = 3,
     ) -> None:
         self.kafka = kafka
+        self.attempts = attempts
+        self._strikes = 0
+        """Failures in a row, not transient, of the batch at the same offsets."""
         self.group_id = group_id
         self.group = group
         self.poll_timeout_ms = poll_timeout_ms or kafka.poll_timeout_ms
@@ -414,14 +454,22 @@ class EventConsumer:
             if batch:
                 async with self._work_lock:
                     try:
-                        await self._process(batch, handler)
+                        if self._strikes >= self.attempts:
+                            await self._one_by_one(batch, handler)
+                        else:
+                            await self._process(batch, handler)
                         backoff = 0.5
+                        self._strikes = 0
                     except Exception as exc:
                         HANDLER_ERRORS.labels(self.group_id).inc()
+                        if not transient(exc):
+                            self._strikes += 1
                         log.exception(
-                            "batch failed; retrying it from its first offsets", extra={"error": repr(exc)}
+                            "batch failed; retrying it from its first unhandled offsets",
+                            extra={"error": repr(exc), "attempt": self._strikes},
                         )
-                        self._rewind(batch)
+                        if not isinstance(exc, _Rewound):
+                            self._rewind(batch)
                         await self._sleep_unless_stopped(backoff)
                         backoff = min(backoff * 2, 30.0)
             if idle is not None:
@@ -436,6 +484,29 @@ class EventConsumer:
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _one_by_one(
+        self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]], handler: Handler
+    ) -> None:
+        """A batch that failed ``attempts`` times, one record at a time: the one that fails alone (not
+        transiently) is dead-lettered and passed; a transient failure rewinds to the first record not done."""
+        left = {tp: list(records) for tp, records in batch.items()}
+        for tp, records in batch.items():
+            for rec in records:
+                try:
+                    await self._process({tp: [rec]}, handler)
+                except Exception as exc:
+                    if transient(exc):
+                        self._rewind({t: r for t, r in left.items() if r})
+                        raise _Rewound(exc) from exc
+                    HANDLER_ERRORS.labels(self.group_id).inc()
+                    await dead_letter_record(
+                        self._deadletter, rec, "processing", f"{type(exc).__name__}: {exc}", self.group_id
+                    )
+                    if self.group:
+                        await self._consumer.commit({tp: OffsetAndMetadata(rec.offset + 1, "")})
+                    CONSUMED.labels(tp.topic, self.group_id).inc()
+                left[tp].pop(0)
 
     def _rewind(self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         for tp, records in batch.items():
@@ -480,6 +551,17 @@ class EventConsumer:
         )
 
 
+class _Rewound(Exception):
+    """A transient failure in ``_one_by_one``, which already rewound each partition to its first record not
+    done."""
+
+    transient = True
+
+
+DEAD_LETTER_ERROR_CHARS = 4096
+"""An error message longer than this is cut (a message can quote the record it failed on)."""
+
+
 async def send_dead_letter(
     producer: EventProducer,
     topic: str,
@@ -492,7 +574,16 @@ async def send_dead_letter(
     error: str,
     group: str,
 ) -> None:
-    """Keep a record a consumer cannot use on ``deadletter`` (durable on return), counted and logged."""
+    """Keep a record a consumer cannot use on ``deadletter`` (durable on return), counted and logged. A payload
+    that would not fit beside the letter's own fields is left out (its size and SHA-256 kept): the letter must
+    always fit, or the partition it came from could never move on."""
+    import hashlib
+
+    error = (error or "unknown error")[:DEAD_LETTER_ERROR_CHARS]
+    key = key if key is None or len(key) <= 1024 else key[:1024]
+    omitted, digest = 0, ""
+    if len(payload) + len(error) + len(topic) + len(group) + 2 * len(key or b"") + 1024 > MAX_VALUE_BYTES:
+        omitted, digest, payload = len(payload), hashlib.sha256(payload).hexdigest(), b""
     letter = DeadLetter(
         source_topic=topic,
         source_partition=partition,
@@ -500,10 +591,12 @@ async def send_dead_letter(
         source_key=key,
         source_timestamp_ms=timestamp_ms,
         error_kind=kind,
-        error=error or "unknown error",
+        error=error,
         consumer_group=group,
         payload=payload,
         created_at=time.time(),
+        payload_omitted_bytes=omitted,
+        payload_sha256=digest,
     )
     await producer.send(DEADLETTER, letter, key if key is not None else b"")
     DEADLETTERED.labels(topic, group, kind).inc()

@@ -118,6 +118,11 @@ class ProxyConfig(_Section):
     """When set, clients must send ``Authorization: Bearer <api_key>``."""
     served_model_name: str = "turnstream-policy"
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
+    """The largest request body (side turns; main turns have ``max_turn_bytes``): larger is a 413."""
+    max_turn_bytes: PositiveInt = 3 * 1024 * 1024
+    """The largest main-turn request body: a main turn is recorded, and its record (request, answer, token ids and
+    log-probs) must stay under ``MAX_TURN_BYTES`` (4 MiB, a quarter of Kafka's record limit, so that the pairing
+    and judgment embedding it fit too). Larger is a 413 before the engine is asked; at most 4 MiB."""
     spool_dir: str = ""
     """Durable local spool every turn passes through before Kafka; empty: under the cache directory."""
     spool_linger_ms: NonNegInt = 200
@@ -156,6 +161,15 @@ class ProxyConfig(_Section):
     """The sampling values pinned on main turns whose client gave none, as SGLang's ``--sampling-defaults``:
     ``model`` reads the served model's generation_config.json (Qwen3: temperature 0.6, top_k 20, top_p 0.95),
     ``openai`` is temperature 1, top_p 1, top_k -1, min_p 0, repetition_penalty 1."""
+
+    def __post_init__(self) -> None:
+        from schemas.topics import MAX_TURN_BYTES
+
+        if self.max_turn_bytes > MAX_TURN_BYTES:
+            raise ValueError(
+                f"max_turn_bytes: at most {MAX_TURN_BYTES} (a turn's record must fit), got "
+                f"{self.max_turn_bytes}"
+            )
 
 
 class PairerConfig(_Section):

@@ -310,6 +310,7 @@ class ChatProxy:
                     fallback_version=version,
                     retokenize=self.state.retokenize,
                 )
+                self.state.recorder.record(turn, unnumbered=index is None)
             except UnrecordableTurn as exc:
                 DROPPED.labels(exc.reason).inc()
                 log.warning("served turn not recorded", extra={"reason": exc.reason, "error": str(exc)})
@@ -317,8 +318,6 @@ class ChatProxy:
             except Exception:  # a bug here must cost one turn (counted), never the worker or the response
                 DROPPED.labels("internal_error").inc()
                 log.exception("recording a turn failed")
-                return
-            self.state.recorder.record(turn, unnumbered=index is None)
 
         if completion.token_ids is None or completion.prompt_token_ids is None:
             # Re-tokenizing is slow: never on the event loop.
@@ -333,9 +332,19 @@ class ChatProxy:
                 401, "invalid or missing bearer token", "authentication_error", "invalid_api_key"
             )
         try:
-            body = parse_chat(await read_body(request, self.pc.max_body_bytes))
+            raw_body = await read_body(request, self.pc.max_body_bytes)
+            body = parse_chat(raw_body)
             untagged = "side" if body.get("model") in self.side_models else self.pc.default_turn_type
             session = session_info(request.headers, body, untagged)
+            if session.turn_type == "main" and len(raw_body) > self.pc.max_turn_bytes:
+                raise BadInput(
+                    413,
+                    f"a main turn's request may be at most {self.pc.max_turn_bytes} bytes (this one has "
+                    f"{len(raw_body)}): main turns are recorded, and a record must fit the event log's limit. "
+                    "Shorten the conversation, or send the request as a side turn (X-Turn-Type: side), which "
+                    "is served but not recorded",
+                    "turn_too_large",
+                )
         except BadInput as exc:
             return openai_error(exc.status, str(exc), "invalid_request_error", exc.code)
         except SessionError as exc:
@@ -542,13 +551,30 @@ class ChatProxy:
         except BaseException:  # cancelled (shutdown), or a bug: the lease still goes back
             self.unroute(leased)
             raise
+        try:
+            return await self._relay(
+                upstream, session, index, forward, wants, headers, created, leased, pending
+            )
+        except BaseException:  # the lease back and the engine stream closed on every path, bugs included
+            self.unroute(leased)
+            await upstream.aclose()
+            raise
+
+    async def _relay(
+        self,
+        upstream: Any,
+        session: SessionInfo,
+        index: asyncio.Future[int | None] | None,
+        forward: dict[str, Any],
+        wants: dict[str, bool],
+        headers: dict[str, str],
+        created: float,
+        leased: int | None,
+        pending: Pending | None,
+    ) -> Response:
+        """The streamed response relaying an open engine stream (which the response then owns and closes)."""
         if pending is not None:  # the session's id is a response header: known before the first byte
-            try:
-                session, index = await self.settle(session, pending, headers)
-            except BaseException:
-                self.unroute(leased)
-                await upstream.aclose()
-                raise
+            session, index = await self.settle(session, pending, headers)
         closed = False
 
         async def close() -> None:

@@ -27,10 +27,11 @@ import msgspec
 from prometheus_client import Counter, Gauge
 
 from schemas import SessionEnded, Turn, decode, encode
-from schemas.topics import SESSIONS_ENDED, TURNS
+from schemas.topics import MAX_TURN_BYTES, SESSIONS_ENDED, TURNS
 from services.bus import EventProducer
 from services.config import KafkaConfig
 from services.proxy.spool import Spool
+from services.proxy.turns import UnrecordableTurn
 
 log = logging.getLogger("turnstream.proxy.recorder")
 
@@ -124,13 +125,19 @@ class TurnRecorder:
 
     def record(self, turn: Turn, *, unnumbered: bool = False) -> None:
         """Write a turn to the spool file. Never raises on the caller's path; never waits for a disk flush.
-        An ``unnumbered`` turn's index and id are placeholders, replaced when it is published."""
+        An ``unnumbered`` turn's index and id are placeholders, replaced when it is published. Raises
+        ``UnrecordableTurn`` for a turn whose record would exceed ``MAX_TURN_BYTES`` (see there why)."""
+        value = encode(turn)
+        if len(value) > MAX_TURN_BYTES:
+            raise UnrecordableTurn(
+                "too_large", f"the turn's record of {len(value)} bytes exceeds the limit of {MAX_TURN_BYTES}"
+            )
         nonce = None
         if unnumbered:
             nonce = uuid.uuid4().bytes
             self._unnumbered += 1
             NUMBERED_LATE.inc()
-        self._spool(_pack(turn.session_id.encode(), encode(turn), nonce))
+        self._spool(_pack(turn.session_id.encode(), value, nonce))
 
     def record_session_end(self, ended: SessionEnded) -> None:
         """Spool a session's end (published to ``sessions.ended``, in spool order with the turns)."""

@@ -494,3 +494,85 @@ async def test_failing_idle_work_does_not_end_the_consumer(kafka: KafkaConfig) -
     finally:
         consumer.request_stop()
         await asyncio.wait_for(task, 30)
+
+
+async def test_a_record_that_always_fails_is_dead_lettered_and_the_rest_go_on(kafka: KafkaConfig) -> None:
+    """A handler that fails on one record, every time and not for a transient reason: after ``attempts``
+    failures the batch is handled one record at a time, that record alone goes to ``deadletter`` and every other
+    record is handled (where the consumer used to retry the batch forever)."""
+    expected = await produce_turns(kafka, 12, sessions=6)
+    poison = expected[4]
+    handled: list[str] = []
+
+    async def picky(batch: list[Record[Turn]]) -> None:
+        for rec in batch:
+            if rec.event.turn_id == poison:
+                raise ValueError("this record cannot be handled")
+        handled.extend(r.event.turn_id for r in batch)
+
+    consumer = EventConsumer(kafka, [TURNS], "g-poison", attempts=2)
+    await consumer.start()
+    await run_until(consumer, picky, lambda: set(handled) == set(expected) - {poison})
+    letters = await read_dead_letters(kafka, 1)
+    assert [decode(d.payload, Turn).turn_id for d in letters] == [poison]
+    assert (
+        letters[0].error_kind == "processing"
+        and "ValueError: this record cannot be handled" in letters[0].error
+    )
+
+
+async def read_dead_letters(kafka: KafkaConfig, count: int) -> list[DeadLetter]:
+    deadline = time.monotonic() + 30
+    while True:
+        letters = [r.event async for r in read_topic(kafka, DEADLETTER)]
+        if len(letters) >= count or time.monotonic() > deadline:
+            return letters
+        await asyncio.sleep(0.2)
+
+
+async def test_a_transient_failure_is_retried_and_never_dead_lettered(kafka: KafkaConfig) -> None:
+    """Redis or a broker away is the infrastructure's failure, not the record's: retried past ``attempts``,
+    nothing dead-lettered."""
+    import redis.exceptions
+
+    expected = await produce_turns(kafka, 6)
+    calls = 0
+    handled: list[str] = []
+
+    async def outage(batch: list[Record[Turn]]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 4:
+            raise redis.exceptions.ConnectionError("Redis is away")
+        handled.extend(r.event.turn_id for r in batch)
+
+    consumer = EventConsumer(kafka, [TURNS], "g-outage", attempts=2)
+    await consumer.start()
+    await run_until(consumer, outage, lambda: set(handled) == set(expected))
+    assert calls > 4
+    assert [r async for r in read_topic(kafka, DEADLETTER)] == []
+
+
+async def test_no_record_over_the_limit_is_sent_and_a_dead_letter_always_fits(kafka: KafkaConfig) -> None:
+    """A record Kafka would refuse is refused before sending (aiokafka would retry it); a dead letter of a record
+    near the limit keeps the record's size and digest instead of a copy that could not fit."""
+    import hashlib
+
+    from schemas.topics import MAX_MESSAGE_BYTES
+    from services.bus import RecordTooLarge, send_dead_letter
+
+    async with EventProducer(kafka) as producer:
+        with pytest.raises(RecordTooLarge, match="exceeds the limit"):
+            await producer.send_raw(TURNS.name(kafka.namespace), b"x" * MAX_MESSAGE_BYTES)
+        near = b"y" * (MAX_MESSAGE_BYTES - 5000)
+        small = encode(example_turn("small", 1))
+        for payload in (near, small):
+            await send_dead_letter(producer, "t", 0, 7, b"k", None, payload, "processing", "e" * 10_000, "g")
+    letters = await read_dead_letters(kafka, 2)
+    by_size = {d.payload_omitted_bytes: d for d in letters}
+    assert (
+        by_size[len(near)].payload == b""
+        and by_size[len(near)].payload_sha256 == hashlib.sha256(near).hexdigest()
+    )
+    assert by_size[0].payload == small and by_size[0].payload_sha256 == ""
+    assert all(len(d.error) <= 4096 for d in letters)

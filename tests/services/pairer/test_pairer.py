@@ -358,3 +358,70 @@ def test_stock_openclaws_captured_requests_pair_with_what_the_user_said() -> Non
     assert [(m.role, m.text) for m in state] == [
         ("user", "[Wed 2026-12-02 15:57 UTC] No, answer in one word.")
     ]
+
+
+def _partition(session_id: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner (aiokafka's, murmur2 of the key) gives a session's turns."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    every = list(range(partitions))
+    return int(DefaultPartitioner()(session_id.encode(), every, every))
+
+
+async def test_a_record_too_large_to_pair_is_dead_lettered_and_its_partition_moves_on(
+    kafka: KafkaConfig, redis_config: RedisConfig
+) -> None:
+    """Issue 32, item 1: two ~8.2 MiB turns in one session (the bulk in a ``name`` field, as an old proxy recorded
+    them) make a pairing over Kafka's 16 MiB record limit. The pairer used to retry that batch forever, and the
+    sessions behind it on the partition were never paired. Now the turn whose pairing cannot be produced ends on
+    ``deadletter`` (its payload kept, the letter fitting) after a few attempts, and twelve later sessions on the
+    same partition are paired within seconds."""
+    from schemas import DeadLetter, decode
+    from schemas.topics import DEADLETTER, MAX_MESSAGE_BYTES
+    from tests.conftest import TEST_PARTITIONS
+    from tests.kafka_wait import wait_for_events
+
+    bulk = "x" * (8 * 1024 * 1024 + 200_000)
+    big = "big-session"
+    where = _partition(big, TEST_PARTITIONS)
+    later = [s for s in (f"later-{i}" for i in range(400)) if _partition(s, TEST_PARTITIONS) == where][:12]
+    assert len(later) == 12
+    t = time.time()
+    first = turn(
+        big, 1, [Message(role="user", content="hi", name=bulk)], Message(role="assistant", content="a"), t
+    )
+    second = turn(
+        big,
+        2,
+        [Message(role="user", content="hi"), first.response, Message(role="user", content="more", name=bulk)],
+        Message(role="assistant", content="b"),
+        t + 2,
+    )
+    async with EventProducer(kafka) as producer:
+        for big_turn in (first, second):
+            await producer.send(TURNS, big_turn, big)
+        for i, sid in enumerate(later):
+            user = Message(role="user", content=f"question {i}")
+            answer = Message(role="assistant", content=f"answer {i}")
+            await producer.send(TURNS, turn(sid, 1, [user], answer, t + 3), sid)
+            follow = [user, answer, Message(role="user", content="thanks")]
+            await producer.send(
+                TURNS, turn(sid, 2, follow, Message(role="assistant", content="ok"), t + 4), sid
+            )
+    config = Config(
+        kafka=kafka,
+        redis=redis_config,
+        pairer=PairerConfig(idle_timeout_s=3600, sweep_interval_s=60, group_id="pairer-wedge"),
+    )
+    started = time.monotonic()
+    paired = await pair_all(config, expect=12, timeout=60)
+    took = time.monotonic() - started
+    assert sorted(p.turn_id for p in paired if p.turn.session_id in later) == sorted(f"{s}:1" for s in later)
+    assert took < 30, f"the later sessions waited {took:.1f} s"
+    letters = await wait_for_events(kafka, DEADLETTER, lambda found: len(found) >= 1, 30)
+    [letter] = [d for d in letters if isinstance(d, DeadLetter)]
+    assert (letter.source_topic, letter.source_partition) == (TURNS.name(kafka.namespace), where)
+    assert letter.consumer_group == "pairer-wedge" and "RecordTooLarge" in letter.error
+    assert decode(letter.payload, Turn).turn_id == f"{big}:2"
+    assert len(letter.payload) < MAX_MESSAGE_BYTES
+    assert not any(p.turn.session_id == big and p.next_state for p in paired)

@@ -338,3 +338,52 @@ async def test_an_engine_that_breaks_off_mid_stream_gets_an_in_band_error_and_no
     turns = await wait_for_turns(kafka, 2)
     assert sorted(t.session_id for t in turns) == ["b0", "b2"]
     assert all(len(t.response_token_ids) == 60 for t in turns)
+
+
+def engine_connections(proxy: StubProxy) -> int:
+    """The proxy's open TCP connections to the engine."""
+    import psutil
+
+    engine_port = int(proxy.stub.url.rsplit(":", 1)[1])
+    conns = psutil.Process(proxy.proxy.proc.pid).net_connections(kind="tcp")
+    return sum(1 for c in conns if c.raddr and c.raddr.port == engine_port and c.status == "ESTABLISHED")
+
+
+def test_a_session_id_beyond_ascii_is_a_400_before_the_engine_is_asked(stub_proxy: StubProxy) -> None:
+    """Issue 32, item 4: ``caf€-1`` used to fail only when copied into the response header, after the engine did
+    the work: a 500, and each streamed request left an engine connection open. Now it is a 400 at once."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    for i in range(10):
+        r = httpx.post(
+            stub_proxy.url + "/v1/chat/completions",
+            json=body if i % 2 else {**body, "session_id": f"caf€-{i}"},
+            headers={"X-Session-Id": f"caf€-{i}".encode()} if i % 2 else {},
+            timeout=30,
+        )
+        check(r)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session", r.text
+        assert "printable ASCII" in r.json()["error"]["message"]
+    assert engine_connections(stub_proxy) <= 1
+    assert_still_serving(stub_proxy.url)
+
+
+def test_a_main_turn_too_large_to_record_is_a_413_naming_the_limit(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Issue 32, item 1: a main turn is recorded, and its record (and the pairing and judgment that embed it) must
+    fit Kafka's limit, so its request has a limit of its own (``proxy.max_turn_bytes``), refused before the
+    engine is asked. A side turn, never recorded, keeps the body limit."""
+    proxy = StubProxy(kafka, redis_config, tmp_path, TURNSTREAM_PROXY_MAX_TURN_BYTES="20000")
+    try:
+        big = {"messages": [{"role": "user", "content": "hi", "name": "x" * 30_000}], "max_tokens": 2}
+        r = httpx.post(proxy.url + "/v1/chat/completions", json=big, timeout=30)
+        check(r)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "turn_too_large", r.text
+        assert "at most 20000 bytes" in r.json()["error"]["message"]
+        side = httpx.post(
+            proxy.url + "/v1/chat/completions", json=big, headers={"X-Turn-Type": "side"}, timeout=30
+        )
+        assert side.status_code == 200, side.text[:300]
+        assert_still_serving(proxy.url)
+    finally:
+        proxy.close()
