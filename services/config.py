@@ -89,6 +89,10 @@ class KafkaConfig(_Section):
 class RedisConfig(_Section):
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "turnstream:"
+    session_ttl_s: PositiveInt = 30 * 86400
+    """How long a session's turn counter outlives its last turn. Every key turnstream writes expires; this is
+    the longest-lived. A session continued after it restarts its numbering (new turn ids ``<session>:1``, ...), so
+    keep it above ``dispatcher.dedupe_ttl_s`` and ``pairer.state_ttl_s``."""
 
     @property
     def pairer_idle_key(self) -> str:
@@ -176,6 +180,18 @@ class PairerConfig(_Section):
     idle_timeout_s: PositiveFloat = 1800.0
     sweep_interval_s: PositiveFloat = 5.0
     group_id: str = "turnstream-pairer"
+    state_ttl_s: PositiveFloat = 2 * 86400.0
+    """A backstop: a session's open turn stays in Redis at most this long after it arrived, even when no idle
+    sweep closes it (the pairer stopped for days). A state that expired unswept is counted
+    (``turnstream_pairer_skipped_total{reason="state_expired"}``); its turn is still on ``turns`` for a replay.
+    Must exceed ``idle_timeout_s``."""
+
+    def __post_init__(self) -> None:
+        if self.state_ttl_s <= self.idle_timeout_s:
+            raise ValueError(
+                f"pairer.state_ttl_s ({self.state_ttl_s:g}) must exceed pairer.idle_timeout_s"
+                f" ({self.idle_timeout_s:g}): a session's state would expire before the sweep closes it"
+            )
 
 
 class JudgeConfig(_Section):
@@ -482,6 +498,13 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.trainer.lora.enabled and self.trainer.lora.publish == "adapter"
 
     def __post_init__(self) -> None:
+        longest = max(self.dispatcher.dedupe_ttl_s, self.pairer.state_ttl_s)
+        if self.redis.session_ttl_s <= longest:
+            raise ValueError(
+                f"redis.session_ttl_s ({self.redis.session_ttl_s}) must exceed dispatcher.dedupe_ttl_s and"
+                f" pairer.state_ttl_s ({longest:g}): a session's numbering would restart while its old turn ids"
+                " are still remembered"
+            )
         spec = mode_spec(self.dispatcher.mode)
         if spec.needs_eval and not spec.needs_hint and not self.judge.eval_mode:
             raise ValueError(

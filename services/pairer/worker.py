@@ -141,6 +141,7 @@ class Pairer:
         self.redis = redis
         self.producer = producer
         self.timeout = config.pairer.idle_timeout_s
+        self._state_ttl_ms = int(config.pairer.state_ttl_s * 1000)
         prefix = config.redis.key_prefix
         self._state = prefix + "pairer:s:"
         self._ended = prefix + "pairer:ended:"
@@ -211,7 +212,7 @@ class Pairer:
             pipe.delete(key)
             pipe.zrem(self._idle, turn.session_id)
         else:
-            pipe.set(key, encode(turn))
+            pipe.set(key, encode(turn), px=self._state_ttl_ms)
             pipe.zadd(self._idle, {turn.session_id: turn.completed_at})
         await pipe.execute()
 
@@ -226,8 +227,9 @@ class Pairer:
             sid_s = sid.decode() if isinstance(sid, bytes) else str(sid)
             key = self._state + sid_s
             raw = cast(bytes | None, await self.redis.get(key))
-            if raw is None:
+            if raw is None:  # expired (pairer.state_ttl_s) before any sweep closed it
                 await self.redis.zrem(self._idle, sid_s)
+                SKIPPED.labels("state_expired").inc()
                 continue
             await self._close(sid_s, raw, decode(raw, Turn), "idle_timeout")
             closed += 1

@@ -734,14 +734,21 @@ async def build_state(config: Config) -> ProxyState:
         retries=config.engine.retries,
     )
     spool_dir = Path(pc.spool_dir) if pc.spool_dir else cache_dir() / "spool" / f"proxy-{pc.port}"
-    turn_numbers = TurnNumbers(config.redis.url, config.redis.key_prefix)
+    turn_numbers = TurnNumbers(
+        config.redis.url, config.redis.key_prefix, session_ttl_s=config.redis.session_ttl_s
+    )
     recorder = TurnRecorder(
         config.kafka, spool_dir, linger_s=pc.spool_linger_ms / 1000, number_once=turn_numbers.number_once
     )
     await recorder.start()
     state = ProxyState(config=config, engine=engine, turn_numbers=turn_numbers, recorder=recorder)
     if pc.session_inference == "on":  # over the turn numbers' connection: one pipelined connection per proxy
-        state.continuity = Continuity(turn_numbers.redis, config.redis.key_prefix, pc.session_link_ttl_s)
+        state.continuity = Continuity(
+            turn_numbers.redis,
+            config.redis.key_prefix,
+            pc.session_link_ttl_s,
+            session_ttl_s=config.redis.session_ttl_s,
+        )
     if pc.tokenizer_path:
         from services.proxy.retokenize import Retokenizer
 

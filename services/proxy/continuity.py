@@ -44,24 +44,30 @@ _pack = msgspec.msgpack.Encoder().encode
 _sorted_json = msgspec.json.Encoder(order="sorted").encode
 
 # KEYS[1]: the link the request continues ('' when it continues none); ARGV[1]: the turn counters' prefix,
-# ARGV[2]: a new session id. Returns a status line (the pipelined client reads those):
+# ARGV[2]: a new session id, ARGV[3]: a counter's expiry after its session's last turn. Returns a status line (the
+# pipelined client reads those):
 #   "new SID N" | "continue SID N" | "branch SID N OLD_SID SUPERSEDED" (SUPERSEDED 0: none to close).
 _RESOLVE = b"""
 local counters, fresh = ARGV[1], ARGV[2]
+local function bump(sid)
+  local n = redis.call('INCR', counters .. sid)
+  redis.call('EXPIRE', counters .. sid, ARGV[3])
+  return n
+end
 local link = false
 if KEYS[1] ~= '' then link = redis.call('GET', KEYS[1]) end
 if link then
   local sid, n, taken = string.match(link, '^(%S+) (%d+)(.*)$')
   if taken == '' then
     redis.call('SET', KEYS[1], link .. ' c', 'KEEPTTL')
-    return {ok = 'continue ' .. sid .. ' ' .. redis.call('INCR', counters .. sid)}
+    return {ok = 'continue ' .. sid .. ' ' .. bump(sid)}
   end
   local newest = tonumber(redis.call('GET', counters .. sid) or '0')
   local superseded = 0
   if newest == tonumber(n) + 1 then superseded = newest end
-  return {ok = 'branch ' .. fresh .. ' ' .. redis.call('INCR', counters .. fresh) .. ' ' .. sid .. ' ' .. superseded}
+  return {ok = 'branch ' .. fresh .. ' ' .. bump(fresh) .. ' ' .. sid .. ' ' .. superseded}
 end
-return {ok = 'new ' .. fresh .. ' ' .. redis.call('INCR', counters .. fresh)}
+return {ok = 'new ' .. fresh .. ' ' .. bump(fresh)}
 """
 _RESOLVE_SHA = hashlib.sha1(_RESOLVE).hexdigest().encode()
 
@@ -193,11 +199,14 @@ def answered(state: Any, response: Mapping[str, Any]) -> bytes:
 class Continuity:
     """The Redis side: resolve a request's session, store the link its answer makes."""
 
-    def __init__(self, redis: PipelinedRedis, key_prefix: str, ttl_s: int) -> None:
+    def __init__(
+        self, redis: PipelinedRedis, key_prefix: str, ttl_s: int, *, session_ttl_s: int = 30 * 86400
+    ) -> None:
         self.redis = redis
         self.link_prefix = f"{key_prefix}conv:".encode()
         self.counters = f"{key_prefix}turns:".encode()
         self.ttl = str(ttl_s).encode()
+        self.session_ttl = str(session_ttl_s).encode()
 
     def _key(self, digest: bytes) -> bytes:
         return self.link_prefix + digest.hex().encode()
@@ -206,7 +215,7 @@ class Continuity:
         """Send the resolution now (written to the connection before the engine call is even prepared, so that
         its reply is usually read in the same wake-up as the engine's); ``resolve`` reads it."""
         key = self._key(continues) if continues is not None else b""
-        args = (b"1", key, self.counters, fresh.encode())
+        args = (b"1", key, self.counters, fresh.encode(), self.session_ttl)
         return Asked(asyncio.ensure_future(self.redis.send(command(b"EVALSHA", _RESOLVE_SHA, *args))), args)
 
     async def resolve(self, asked: Asked) -> Resolved:

@@ -9,13 +9,23 @@ number the first attempt got).
 
 from __future__ import annotations
 
-from services.transport.resp import PipelinedRedis, command
+import hashlib
 
-# KEYS[1] the session's counter, KEYS[2] the turn's nonce; ARGV[1] how long the nonce's number is remembered.
+from services.transport.resp import PipelinedRedis, RedisReplyError, command
+
+# KEYS[1] the session's counter; ARGV[1] how long it outlives the session's last turn.
+_NEXT = b"local n = redis.call('INCR', KEYS[1]) redis.call('EXPIRE', KEYS[1], ARGV[1]) return n"
+_NEXT_SHA = hashlib.sha1(_NEXT).hexdigest().encode()
+
+_CURRENT = b"return tonumber(redis.call('GET', KEYS[1]) or '0')"
+
+# KEYS[1] the session's counter, KEYS[2] the turn's nonce; ARGV[1] how long the nonce's number is remembered,
+# ARGV[2] the counter's expiry.
 _NUMBER_ONCE = b"""
 local n = redis.call('GET', KEYS[2])
 if n then return tonumber(n) end
 n = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], n, 'EX', ARGV[1])
 return n
 """
@@ -23,20 +33,32 @@ NONCE_TTL_S = 30 * 86400
 
 
 class TurnNumbers:
-    def __init__(self, url: str, key_prefix: str, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, url: str, key_prefix: str, connect_timeout_s: float = 5.0, *, session_ttl_s: int = 30 * 86400
+    ) -> None:
         self.redis = PipelinedRedis(url, connect_timeout_s)
         self.prefix = f"{key_prefix}turns:".encode()
         self.nonce_prefix = f"{key_prefix}turn-nonce:".encode()
+        self.ttl = str(session_ttl_s).encode()
+        """Each counter expires this long after its session's last turn (``redis.session_ttl_s``): a session
+        nobody continues leaves nothing behind in Redis."""
 
     async def next(self, session_id: str) -> int:
-        """The session's next turn number (1 for its first turn)."""
-        key = self.prefix + session_id.encode()
-        return int(await self.redis.send(b"*2\r\n$4\r\nINCR\r\n$%d\r\n%s\r\n" % (len(key), key)))
+        """The session's next turn number (1 for its first turn); the counter's expiry starts again."""
+        args = (b"1", self.prefix + session_id.encode(), self.ttl)
+        try:
+            return int(await self.redis.send(command(b"EVALSHA", _NEXT_SHA, *args)))
+        except RedisReplyError as exc:
+            if "NOSCRIPT" not in str(exc):
+                raise
+            return int(await self.redis.send(command(b"EVAL", _NEXT, *args)))
 
     async def current(self, session_id: str) -> int:
-        """The session's last turn number (0 before its first turn). ``INCRBY 0``: an integer reply, the only kind
-        besides status lines that this pipelined client reads."""
-        return int(await self.redis.send(command(b"INCRBY", self.prefix + session_id.encode(), b"0")))
+        """The session's last turn number (0 before its first turn). A script, for an integer reply (the only kind
+        besides status lines that this pipelined client reads) that creates no key (``INCRBY 0`` would, without
+        an expiry)."""
+        key = self.prefix + session_id.encode()
+        return int(await self.redis.send(command(b"EVAL", _CURRENT, b"1", key)))
 
     async def number_once(self, session_id: str, nonce: bytes) -> int:
         """The session's next turn number for the turn identified by ``nonce``, the same one however often asked."""
@@ -44,7 +66,7 @@ class TurnNumbers:
         remembered = self.nonce_prefix + nonce.hex().encode()
         return int(
             await self.redis.send(
-                command(b"EVAL", _NUMBER_ONCE, b"2", counter, remembered, str(NONCE_TTL_S).encode())
+                command(b"EVAL", _NUMBER_ONCE, b"2", counter, remembered, str(NONCE_TTL_S).encode(), self.ttl)
             )
         )
 

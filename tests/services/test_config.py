@@ -224,3 +224,13 @@ def test_lora_settings_from_a_file_and_the_environment(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"TURNSTREAM_TRAINER_LORA_RANKK.*unknown field of lora"):
         load_config(env={"TURNSTREAM_TRAINER_LORA_RANKK": "8"})
     assert load_config(env={}).trainer.lora.enabled is False
+
+
+def test_expiries_that_would_restart_a_session_early_are_refused() -> None:
+    """A pairer state that expires before its idle sweep, or a session counter that expires while its turn ids
+    are still remembered downstream, is a configuration error named at start."""
+    with pytest.raises(ConfigError, match="state_ttl_s"):
+        load_config(env={"TURNSTREAM_PAIRER_IDLE_TIMEOUT_S": "7200", "TURNSTREAM_PAIRER_STATE_TTL_S": "3600"})
+    with pytest.raises(ConfigError, match="session_ttl_s"):
+        load_config(env={"TURNSTREAM_REDIS_SESSION_TTL_S": "86400"})
+    assert load_config(env={}).redis.session_ttl_s == 30 * 86400

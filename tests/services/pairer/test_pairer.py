@@ -425,3 +425,36 @@ async def test_a_record_too_large_to_pair_is_dead_lettered_and_its_partition_mov
     assert decode(letter.payload, Turn).turn_id == f"{big}:2"
     assert len(letter.payload) < MAX_MESSAGE_BYTES
     assert not any(p.turn.session_id == big and p.next_state for p in paired)
+
+
+async def test_every_key_the_pairer_writes_expires(
+    pairer_config: Config, kafka: KafkaConfig, redis_client: Any
+) -> None:
+    """Issue 32 item 9: a session's open turn (the whole conversation so far) stayed in Redis until a sweep that
+    may never come. Every key expires (``pairer.state_ttl_s``), save the set of open sessions, which the sweep
+    empties; a state that expired unswept is counted, not silently passed over."""
+    from services.pairer.worker import SKIPPED, Pairer
+
+    await create_topics(kafka)
+    config = msgspec.structs.replace(
+        pairer_config, pairer=msgspec.structs.replace(pairer_config.pairer, state_ttl_s=600.0)
+    )
+    prefix = config.redis.key_prefix
+    now = time.time()
+    async with EventProducer(kafka) as producer:
+        pairer = Pairer(config, redis_client, producer)
+        await pairer.on_turn(turn("exp-a", 1, [U], Message(role="assistant", content="a"), now))
+        await pairer.on_turn(turn("exp-b", 1, [U], Message(role="assistant", content="b"), now))
+        await pairer.on_session_ended(SessionEnded(session_id="exp-c", after_turn_index=3, ended_at=now))
+        keys = [k.decode() async for k in redis_client.scan_iter(match=f"{prefix}*")]
+        assert f"{prefix}pairer:s:exp-a" in keys and f"{prefix}pairer:ended:exp-c" in keys
+        for key in keys:
+            if key == config.redis.pairer_idle_key:
+                continue
+            assert 0 < await redis_client.ttl(key) <= (600 if ":s:" in key else 7 * 86400), key
+        # exp-b's state expires before any sweep: the sweep drops it from the open set and counts it.
+        await redis_client.delete(f"{prefix}pairer:s:exp-b")
+        expired = SKIPPED.labels("state_expired")._value.get()
+        assert await pairer.sweep(now + 3) == 1  # exp-a closed idle; exp-b counted
+        assert SKIPPED.labels("state_expired")._value.get() == expired + 1
+        assert not await redis_client.exists(config.redis.pairer_idle_key)

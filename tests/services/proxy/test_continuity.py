@@ -161,6 +161,8 @@ async def test_resolve_continues_branches_supersedes_and_gives_back(
     try:
         first = await a.resolve(a.ask(None, "anon-1"))
         assert (first.how, first.session_id, first.turn_index, first.superseded) == ("new", "anon-1", 1, None)
+        # Every session counter a resolution takes a number from expires (redis.session_ttl_s; issue 32 item 9).
+        assert 0 < await redis_client.ttl(f"{redis_config.key_prefix}turns:anon-1") <= 30 * 86400
 
         await linked(a, b"link-1", "anon-1", 1)
         assert a.redis._conn is not None and a.redis._conn.can_skip  # later links are stored without a reply
@@ -178,6 +180,7 @@ async def test_resolve_continues_branches_supersedes_and_gives_back(
             1,
             ("anon-1", 2),
         )
+        assert 0 < await redis_client.ttl(f"{redis_config.key_prefix}turns:anon-2") <= 30 * 86400
         # The first session went on meanwhile (turn 3 continues turn 2): a branch from turn 1 supersedes nothing
         # still open.
         third = await a.resolve(a.ask(b"link-2", "anon-unused"))

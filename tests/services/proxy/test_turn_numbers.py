@@ -104,9 +104,9 @@ async def test_a_reply_that_came_too_late_is_not_given_to_the_next_caller() -> N
         nonlocal counter
         try:
             while True:
-                await reader.readuntil(b"INCR\r\n")
-                await reader.readline()
-                await reader.readline()
+                count = int((await reader.readline())[1:])  # one command: *N, then N bulk strings
+                for _ in range(2 * count):
+                    await reader.readline()
                 counter += 1
                 if counter == 1:
                     await asyncio.sleep(0.3)
@@ -146,3 +146,28 @@ async def test_numbering_once_per_nonce_is_idempotent_and_shares_the_counter(
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_every_counter_expires_after_its_sessions_last_turn(
+    redis_config: RedisConfig, redis_client: aioredis.Redis
+) -> None:
+    """Issue 32 item 9: ``turns:<session>`` counters lived forever. Each way of taking a number (``next``, the late
+    ``number_once``) sets the expiry again; reading the last number (a session's end) creates no key."""
+    numbers = TurnNumbers(redis_config.url, redis_config.key_prefix, session_ttl_s=600)
+    counters = f"{redis_config.key_prefix}turns:"
+    try:
+        await (
+            redis_client.script_flush()
+        )  # as after a Redis restart: EVALSHA answers NOSCRIPT, the script is sent
+        assert await numbers.next("ttl-a") == 1
+        assert 590 < await redis_client.ttl(counters + "ttl-a") <= 600
+        await redis_client.expire(counters + "ttl-a", 5)
+        assert await numbers.next("ttl-a") == 2  # a later turn starts the expiry again
+        assert 590 < await redis_client.ttl(counters + "ttl-a") <= 600
+        assert await numbers.number_once("ttl-b", uuid.uuid4().bytes) == 1
+        assert 590 < await redis_client.ttl(counters + "ttl-b") <= 600
+        assert await numbers.current("ttl-never") == 0
+        assert not await redis_client.exists(counters + "ttl-never")
+        assert await numbers.current("ttl-a") == 2
+    finally:
+        await numbers.aclose()
