@@ -349,6 +349,10 @@ def _proxy(config: Config, args: argparse.Namespace) -> int:
         access_log=False,
         proxy_headers=False,
         server_header=False,
+        head_timeout_s=proxy.head_timeout_s,
+        body_timeout_s=proxy.body_timeout_s,
+        max_head_bytes=proxy.max_head_bytes,
+        max_connections=proxy.max_connections,
     )
     return 0
 

@@ -127,6 +127,20 @@ class ProxyConfig(_Section):
     """The largest main-turn request body: a main turn is recorded, and its record (request, answer, token ids and
     log-probs) must stay under ``MAX_TURN_BYTES`` (4 MiB, a quarter of Kafka's record limit, so that the pairing
     and judgment embedding it fit too). Larger is a 413 before the engine is asked; at most 4 MiB."""
+    max_messages: PositiveInt = 10_000
+    """The most messages one request may hold: more is a 400 (a body of half a million empty messages is cheap to
+    send and dear to check)."""
+    head_timeout_s: PositiveFloat = 10.0
+    """A request's head (request line and headers) must arrive within this of the connection opening or of the
+    previous response ending, else the connection is closed (``services/transport/guard.py``): a client that
+    sends half a request holds no connection for long. Idle keep-alive connections close after it too."""
+    body_timeout_s: PositiveFloat = 60.0
+    """A request's whole body must arrive within this of its head, else a 408 and the connection closes."""
+    max_head_bytes: PositiveInt = 64 * 1024
+    """The largest request head: more is a 431 and the connection closes."""
+    max_connections: PositiveInt = 1024
+    """Open client connections beyond this are closed at once (counted in
+    ``turnstream_http_connections_refused_total{reason="connection_limit"}``)."""
     spool_dir: str = ""
     """Durable local spool every turn passes through before Kafka; empty: under the cache directory."""
     spool_linger_ms: NonNegInt = 200

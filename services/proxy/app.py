@@ -40,7 +40,7 @@ from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
 from services.proxy.turn_numbers import TurnNumbers
 from services.proxy.turns import DROPPED, RESCORED, Completion, UnrecordableTurn, build_turn, modified_logits
-from services.proxy.validation import BadInput, parse_chat, read_body
+from services.proxy.validation import PARSE_IN_THREAD_BYTES, BadInput, parse_chat, read_body
 from services.proxy.versions import ServedVersions
 from services.transport.resp import command
 from services.transport.sse import data_batches
@@ -333,7 +333,10 @@ class ChatProxy:
             )
         try:
             raw_body = await read_body(request, self.pc.max_body_bytes)
-            body = parse_chat(raw_body)
+            if len(raw_body) > PARSE_IN_THREAD_BYTES:
+                body = await asyncio.to_thread(parse_chat, raw_body, self.pc.max_messages)
+            else:
+                body = parse_chat(raw_body, self.pc.max_messages)
             untagged = "side" if body.get("model") in self.side_models else self.pc.default_turn_type
             session = session_info(request.headers, body, untagged)
             if session.turn_type == "main" and len(raw_body) > self.pc.max_turn_bytes:

@@ -7,12 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from schemas import Message
 from services.chat_template import for_engine
 
 _json_decoder = msgspec.json.Decoder()
+
+PARSE_IN_THREAD_BYTES = 512 * 1024
+"""Bodies larger than this are parsed off the event loop. Text-heavy chats parse at ~3 GB/s (1 ms for 3 MiB), but
+a body of tiny objects is ~100 times slower (8 MiB of empty messages: 0.7-0.9 s, every stream stalled meanwhile);
+below this size even that is a few milliseconds, and a thread hop costs more than it saves."""
 
 
 class BadInput(Exception):
@@ -30,11 +35,16 @@ async def read_body(request: Request, limit: int) -> bytes:
         )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BadInput(413, f"request body exceeds the limit of {limit} bytes", "request_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BadInput(413, f"request body exceeds the limit of {limit} bytes", "request_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone, or cut off by the body deadline (services/transport/guard.py)
+        raise BadInput(
+            400, "the connection closed before the request body arrived", "incomplete_body"
+        ) from None
     return b"".join(chunks)
 
 
@@ -71,7 +81,7 @@ def _check_sampling(name: str, value: object) -> None:
         raise BadInput(400, "'top_k' must be -1 (the whole vocabulary) or at least 1, got 0", "invalid_value")
 
 
-def parse_chat(raw: bytes) -> dict[str, Any]:
+def parse_chat(raw: bytes, max_messages: int = 10_000) -> dict[str, Any]:
     try:
         body = _json_decoder.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # invalid UTF-8 surfaces as UnicodeDecodeError
@@ -83,6 +93,12 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadInput(400, "'messages' must be a non-empty array of messages")
+    if len(messages) > max_messages:
+        raise BadInput(
+            400,
+            f"'messages' holds {len(messages)} messages, more than the limit of {max_messages}",
+            "too_many_messages",
+        )
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadInput(400, f"messages[{i}] must be an object with a string 'role'")

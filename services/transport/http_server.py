@@ -18,6 +18,8 @@ from typing import Any
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
+from services.transport.guard import Limits, guarded
+
 TICK_S = 1.0
 
 
@@ -43,10 +45,27 @@ class LeanServer(uvicorn.Server):
             self._loop.call_soon_threadsafe(self._wake.set)
 
 
-def serve(app: Any, tick_s: float = TICK_S, **options: Any) -> None:
-    """``uvicorn.run(app, **options)`` for a single process, on ``LeanServer``; exits with uvicorn's start-up
-    failure status if the server never started (port taken, lifespan failed)."""
-    config = uvicorn.Config(app, **options)
+def serve(
+    app: Any,
+    tick_s: float = TICK_S,
+    *,
+    head_timeout_s: float = Limits.head_timeout_s,
+    body_timeout_s: float = Limits.body_timeout_s,
+    max_head_bytes: int = Limits.max_head_bytes,
+    max_connections: int = Limits.max_connections,
+    **options: Any,
+) -> None:
+    """``uvicorn.run(app, **options)`` for a single process, on ``LeanServer`` and with the limits of
+    ``services/transport/guard.py``; exits with uvicorn's start-up failure status if the server never started
+    (port taken, lifespan failed)."""
+    http = guarded(
+        head_timeout_s=head_timeout_s,
+        body_timeout_s=body_timeout_s,
+        max_head_bytes=max_head_bytes,
+        max_connections=max_connections,
+        impl=options.pop("http", "auto"),
+    )
+    config = uvicorn.Config(app, http=http, **options)
     server = LeanServer(config, tick_s)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()

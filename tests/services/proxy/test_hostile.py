@@ -387,3 +387,112 @@ def test_a_main_turn_too_large_to_record_is_a_413_naming_the_limit(
         assert_still_serving(proxy.url)
     finally:
         proxy.close()
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+async def _closed_by_peer(reader: asyncio.StreamReader, within_s: float) -> bytes | None:
+    """Whatever the server sent before it closed the connection, or None if it is still open after ``within_s``."""
+    try:
+        async with asyncio.timeout(within_s):
+            return await reader.read()
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return b""
+
+
+async def test_half_sent_requests_are_closed_and_real_ones_still_served(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Issue 32, item 7: half-sent requests held connections forever. Now a head that does not arrive within
+    ``proxy.head_timeout_s``, or a body that does not arrive within ``proxy.body_timeout_s`` of its head (a 408),
+    closes the connection; a head over ``max_head_bytes`` is a 431; and each is counted."""
+    proxy = StubProxy(
+        kafka,
+        redis_config,
+        tmp_path,
+        TURNSTREAM_PROXY_HEAD_TIMEOUT_S="1",
+        TURNSTREAM_PROXY_BODY_TIMEOUT_S="2",
+        TURNSTREAM_PROXY_MAX_HEAD_BYTES="16384",
+    )
+    host, port = _host_port(proxy.url)
+    try:
+        heads = [await asyncio.open_connection(host, port) for _ in range(30)]
+        for i, (_, writer) in enumerate(heads):
+            if i % 2:  # half of them send part of a head, the rest nothing at all
+                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        body_reader, body_writer = await asyncio.open_connection(host, port)
+        body_writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 500\r\n\r\n" + b'{"messages": ['
+        )
+        began = asyncio.get_running_loop().time()
+        closed = await asyncio.gather(*(_closed_by_peer(r, 5) for r, _ in heads))
+        assert all(c is not None for c in closed), "a half-sent head was still open after 5 s"
+        assert asyncio.get_running_loop().time() - began < 4
+        # The body's deadline counts from its head: an OpenAI-shaped 408, then the connection closes.
+        answer = await _closed_by_peer(body_reader, 5)
+        assert answer is not None and answer.startswith(b"HTTP/1.1 408 "), answer
+        error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        assert error["code"] == "request_timeout" and "2 s" in error["message"]
+        # A head past the size limit is a 431 at once, not a wait for the deadline.
+        big_reader, big_writer = await asyncio.open_connection(host, port)
+        big_writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Junk: " + b"a" * 20_000 + b"\r\n")
+        answer = await _closed_by_peer(big_reader, 0.9)
+        assert answer is not None and answer.startswith(b"HTTP/1.1 431 "), answer
+        for _, w in [*heads, (body_reader, body_writer), (big_reader, big_writer)]:
+            w.close()
+        assert_still_serving(proxy.url)
+        refused = "turnstream_http_connections_refused_total"
+        assert scraped(proxy.url, refused, reason="head_timeout") == 30
+        assert scraped(proxy.url, refused, reason="body_timeout") == 1
+        assert scraped(proxy.url, refused, reason="head_too_large") == 1
+    finally:
+        proxy.close()
+
+
+async def test_connections_past_the_limit_are_refused_and_messages_capped(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Issue 32, item 7: no connection limit, and half a million empty messages parsed on the event loop. Beyond
+    ``proxy.max_connections`` a connection is closed at once (counted); more than ``proxy.max_messages`` messages
+    is a 400 naming the limit; a large body is parsed off the event loop and still answered."""
+    proxy = StubProxy(
+        kafka,
+        redis_config,
+        tmp_path,
+        TURNSTREAM_PROXY_MAX_CONNECTIONS="8",
+        TURNSTREAM_PROXY_MAX_MESSAGES="1000",
+        TURNSTREAM_PROXY_MAX_BODY_BYTES=str(8 * 1024 * 1024),
+    )
+    host, port = _host_port(proxy.url)
+    try:
+        held = [await asyncio.open_connection(host, port) for _ in range(8)]
+        reader, writer = await asyncio.open_connection(host, port)
+        assert await _closed_by_peer(reader, 3) == b""  # aborted: nothing sent, closed at once
+        writer.close()
+        for _, w in held:
+            w.close()
+        await asyncio.sleep(0.5)
+        many = {"messages": [{"role": "user", "content": ""}] * 1001, "max_tokens": 1}
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(proxy.url + "/v1/chat/completions", json=many)
+            check(r)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_messages", r.text
+            assert "limit of 1000" in r.json()["error"]["message"]
+            # Over PARSE_IN_THREAD_BYTES: parsed in a thread, answered and recorded like any other turn.
+            long = {"messages": [{"role": "user", "content": "w " * 400_000}], "max_tokens": 1}
+            r = await client.post(
+                proxy.url + "/v1/chat/completions", json=long, headers={"X-Session-Id": "big"}
+            )
+            assert r.status_code == 200, r.text[:300]
+        assert scraped(proxy.url, "turnstream_http_connections_refused_total", reason="connection_limit") >= 1
+        assert_still_serving(proxy.url)
+        turns = await wait_for_turns(kafka, 2)  # this one and assert_still_serving's
+        assert "big" in {t.session_id for t in turns}
+    finally:
+        proxy.close()
