@@ -67,6 +67,10 @@ cpu_flags="$(.venv/bin/python -c 'from services.engine.launch import CPU_FLAGS; 
 export MODELS_DIR="$models" POLICY_MODEL=/models/smollm2
 export PROXY_PORT="${REHEARSE_PROXY_PORT:-18000}" CONSOLE_PORT="${REHEARSE_CONSOLE_PORT:-18080}"
 export PROMETHEUS_PORT="${REHEARSE_PROMETHEUS_PORT:-19090}"
+# The secrets scripts/compose-secrets.sh would write to .env (Grafana is left out of the rehearsal; compose still
+# needs its password to read the file), made fresh for each rehearsal.
+export GRAFANA_ADMIN_PASSWORD="${GRAFANA_ADMIN_PASSWORD:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
+export CONSOLE_TOKEN="${CONSOLE_TOKEN:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
 export ROLLOUT_BATCH_SIZE=2 TRAINER_CHECKPOINT_EVERY_STEPS=1 TURNSTREAM_LOG_LEVEL=INFO
 # SmolLM2's context is 8,192 tokens: a judge answer of combine's default 8,192 plus the prompt is refused by SGLang.
 # And SmolLM2 cannot follow the judge's prompt (its votes parse as no verdict and no hint, so nothing would train):
@@ -126,6 +130,10 @@ for layout in $LAYOUTS; do
     checks .venv/bin/python scripts/rehearse/client.py served "$proxy/v1" 1 --within 300
     checks in_network /rehearse/pipeline_check.py engine
     checks verdict "the console answers" curl -fsS "http://127.0.0.1:$CONSOLE_PORT/healthz"
+    checks verdict "the console refuses a request without its token" \
+        test "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$CONSOLE_PORT/api/sessions")" = 401
+    checks verdict "the console serves its token" \
+        curl -fsS -o /dev/null -H "Authorization: Bearer $CONSOLE_TOKEN" "http://127.0.0.1:$CONSOLE_PORT/api/sessions"
     sleep 20  # one scrape interval (15 s) after everything is up
     checks verdict "Prometheus answers and every target is up" targets_up
     checks in_network /rehearse/pipeline_check.py lineage

@@ -443,6 +443,13 @@ class ConsoleConfig(_Section):
     """The projection (SQLite); default: ``<cache>/console/<namespace or live>.sqlite3``. Delete it to rebuild."""
     tokenizer: str = ""
     """Folder of the policy's tokenizer, for the heat map's token texts (default: ``trainer.hf_checkpoint``)."""
+    token: str = ""
+    """Every route but ``/healthz`` requires it (``Authorization: Bearer <token>``, or the cookie ``/login?token=``
+    sets). Empty: one kept in ``token`` beside the projection (made 0600 with a new token on first start); the
+    login link is logged at start."""
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    """Host names the console answers to (others get a 421: DNS rebinding defence). Empty: localhost, 127.0.0.1,
+    ::1 and ``host`` unless a wildcard; ``*`` for any (behind a proxy that checks them)."""
 
 
 class RunConfig(_Section):

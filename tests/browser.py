@@ -82,7 +82,7 @@ class Visit:
             self.errors.append(f"{self.page.url}: {message.text} ({message.location.get('url')})")
 
     async def open(self, path: str, status: int = 200) -> None:
-        if status == 404:
+        if status in (401, 404):
             self.expected_missing.add(self.base + path)
         resp = await self.page.goto(self.base + path)
         assert resp is not None and resp.status == status, (path, resp and resp.status)
@@ -90,6 +90,7 @@ class Visit:
 
 async def check_console(
     base: str,
+    token: str,
     turn: Turn,
     teacher: TeacherScores,
     judgments: list[Judgment],
@@ -101,6 +102,10 @@ async def check_console(
         visit = Visit(await browser.new_page(viewport={"width": 1280, "height": 900}), base)
         page = visit.page
         page.set_default_timeout(90_000)  # a CI machine busy with the whole pipeline (page times: bench/)
+        # No page without the token; the login link sets the cookie and lands on the overview.
+        await visit.open("/", status=401)
+        await visit.open(f"/login?token={token}")
+        assert page.url == base + "/", page.url
         # Overview: every stage has records and the turns arrive at a non-zero rate.
         await visit.open("/")
         for stage in ("turns", "paired", "judged", "teacher", "samples", "versions"):

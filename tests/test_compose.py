@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,11 @@ OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer"
 
 def resolve(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("POLICY_", "TRAINER_", "COMPOSE_"))}
+    secrets = {"GRAFANA_ADMIN_PASSWORD": "test-password"}  # what scripts/compose-secrets.sh writes to .env
     return subprocess.run(
         ["bash", "scripts/compose-config.sh", *files],
         cwd=REPO,
-        env={**clean, **env},
+        env={**secrets, **clean, **env},
         capture_output=True,
         text=True,
         timeout=600,
@@ -264,9 +266,10 @@ def _metrics_port(name: str, service: dict[str, Any]) -> int:
     assert config.metrics.host == "0.0.0.0", name
     if name == "proxy":
         return config.proxy.port
-    if name == "console":  # its own HTTP server, /metrics beside the pages
+    if (
+        name == "console"
+    ):  # its pages' port needs the console's token: /metrics on metrics.port for Prometheus
         assert config.console.host == "0.0.0.0"
-        return config.console.port
     assert config.metrics.port is not None, name
     return config.metrics.port
 
@@ -542,3 +545,37 @@ def test_the_host_driver_the_images_need_is_documented() -> None:
     assert "-cu130" in json.loads(resolve().stdout)["services"]["sglang-policy"]["image"]
     for doc in ("README.md", "docs/gpu-host.md"):
         assert "R580 or newer" in (REPO / doc).read_text(), doc
+
+
+def test_grafana_has_no_default_password_and_no_anonymous_access(
+    default: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 32, item 10: Grafana's admin password defaulted to ``admin``, with anonymous read access. Without
+    GRAFANA_ADMIN_PASSWORD compose refuses to start, naming the script that makes one; anonymous is opt-in."""
+    grafana = default["services"]["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == "test-password"
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    out = resolve(GRAFANA_ADMIN_PASSWORD="")
+    assert out.returncode != 0 and "compose-secrets.sh" in out.stderr, out.stderr[-2000:]
+    # The script writes it (and the console's token) once, 0600, and keeps what is there.
+    env_file = tmp_path / "secrets.env"
+
+    def make_secrets() -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "COMPOSE_SECRETS_FILE": str(env_file)}
+        return subprocess.run(
+            ["bash", "scripts/compose-secrets.sh"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    made = make_secrets()
+    assert made.returncode == 0, made.stderr
+    first = env_file.read_text()
+    assert re.search(r"^GRAFANA_ADMIN_PASSWORD=[A-Za-z0-9_-]{24,}$", first, re.M), first
+    assert re.search(r"^CONSOLE_TOKEN=[A-Za-z0-9_-]{24,}$", first, re.M), first
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    again = make_secrets()
+    assert again.returncode == 0 and env_file.read_text() == first

@@ -13,10 +13,13 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from services.config import Config
+from services.console.access import Access, allowed_hosts
 from services.console.app import create_app, token_texts
 from services.console.feed import follow
 from services.console.projection import connect
+from services.metrics import serve_metrics
 from services.model_store import cache_dir
+from services.tokens import console_login_url, console_token
 from services.topics import group_lag, pipeline_groups
 
 log = logging.getLogger("turnstream.console")
@@ -54,6 +57,7 @@ def console_app(config: Config) -> Any:
     live: dict[str, Any] = {}
     texts = token_texts(tokenizer)
     app = create_app(path, texts, live)
+    token = console_token(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
@@ -72,11 +76,15 @@ def console_app(config: Config) -> Any:
             writer.close()
 
     app.router.lifespan_context = lifespan
-    return app
+    return Access(app, token, allowed_hosts(config.console.allowed_hosts, config.console.host))
 
 
 def run_console(config: Config) -> int:
     from services.transport.http_server import serve
 
-    serve(console_app(config), host=config.console.host, port=config.console.port, log_level="warning")
+    app = console_app(config)
+    # For a Prometheus without the console's token (compose): the same registry, on a port of its own.
+    serve_metrics(config.metrics.port, config.metrics.host)
+    log.info(f"console: open {console_login_url(config)}")
+    serve(app, host=config.console.host, port=config.console.port, log_level="warning")
     return 0

@@ -27,6 +27,7 @@ from services.model_store import cache_dir
 from services.run.plan import plan
 from services.run.progress import Progress, scrape
 from services.supervisor import StartupFailed, Supervisor, tail
+from services.tokens import console_login_url
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +54,7 @@ def _write_status(path: Path, progress: Progress) -> None:
 
 def _banner(config: Config, run_dir: Path) -> str:
     url = f"http://127.0.0.1:{config.proxy.port}/v1"
-    console = f"Console: http://127.0.0.1:{config.console.port}/\n" if config.run.console else ""
+    console = f"Console: {console_login_url(config)}\n" if config.run.console else ""
     return f"""
 turnstream is running. OpenAI-compatible API: {url}  (model "policy"; send each request with the conversation
 so far and its session is found, or name it with X-Session-Id; clients: docs/clients.md)

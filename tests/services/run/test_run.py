@@ -152,13 +152,15 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
             await asyncio.sleep(2)
         # The console, in Chromium, on the live pipeline (tests/browser.py says what it checks).
         banner = (run_dir / "run.out").read_text()
-        console = re.search(r"Console: (http://127\.0\.0\.1:\d+)/", banner)
+        console = re.search(r"Console: (http://127\.0\.0\.1:\d+)/login\?token=(\S+)", banner)
         assert console, banner[-2000:]
         taught, *_ = [r.event async for r in read_topic(kafka, TEACHER)]
         (turn,) = [r.event async for r in read_topic(kafka, TURNS) if r.event.turn_id == taught.turn_id]
         votes = [r.event async for r in read_topic(kafka, JUDGMENTS) if r.event.turn_id == taught.turn_id]
         shots = os.environ.get("TURNSTREAM_SCREENSHOTS")
-        await check_console(console.group(1), turn, taught, votes, Path(shots) if shots else None)
+        await check_console(
+            console.group(1), console.group(2), turn, taught, votes, Path(shots) if shots else None
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, "a clean stop"
         deadline = time.monotonic() + 60

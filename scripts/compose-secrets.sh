@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Make the secrets compose.yaml needs, once: writes each missing one to .env beside compose.yaml (created 0600),
+# which `docker compose` reads by itself. Values already in .env (or set in the environment) are kept.
+#   bash scripts/compose-secrets.sh            # then: docker compose up -d --build
+#   docker compose --env-file .env --env-file deploy/recipes/one-gpu-lora.env up -d --build   # with a recipe
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+
+file="${COMPOSE_SECRETS_FILE:-.env}"
+umask 077
+touch "$file"
+chmod 600 "$file"
+made=()
+for name in GRAFANA_ADMIN_PASSWORD CONSOLE_TOKEN; do
+    if grep -q "^${name}=" "$file" || [[ -n "${!name:-}" ]]; then
+        continue
+    fi
+    value="$(head -c 24 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    printf '%s=%s\n' "$name" "$value" >>"$file"
+    made+=("$name")
+done
+if [[ ${#made[@]} -gt 0 ]]; then
+    log "wrote ${made[*]} to $file (0600); the console's login link: http://127.0.0.1:\${CONSOLE_PORT:-8080}/login?token=\$CONSOLE_TOKEN"
+else
+    log "$file already holds every secret compose.yaml needs"
+fi
