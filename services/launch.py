@@ -86,6 +86,36 @@ def descendants(pid: int) -> list[tuple[int, int]]:
     return out
 
 
+def end_group(pgid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM to what is left of a process group, SIGKILL to what is left ``grace_s`` later."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies, waiting for their new parent to reap them, do not)."""
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 class ServiceProcess:
     """``python -m services.cli <args>`` (or ``program`` with ``args``, e.g. a stub engine script) with ``env``
     added to this process's environment; ready once ``GET <url><ready_path>`` answers 200."""
@@ -124,8 +154,15 @@ class ServiceProcess:
     def _spawn(self) -> subprocess.Popen[bytes]:
         if self._devnull is None and self._log is None:
             self._devnull = open(os.devnull, "w")
+        # A process group of its own: at a stop, whatever it started goes too, even helpers that were orphaned
+        # (re-parented away from it) before the stop; and a terminal's Ctrl-C reaches only the supervisor, which
+        # stops services in order.
         return subprocess.Popen(
-            self._argv, env=self._env, stdout=self._log or self._devnull, stderr=subprocess.STDOUT
+            self._argv,
+            env=self._env,
+            stdout=self._log or self._devnull,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def restart(self) -> None:
@@ -165,7 +202,8 @@ class ServiceProcess:
             self.proc.kill()
             self.proc.wait()
             code = None
-        for pid, start in below:
+        end_group(self.proc.pid)
+        for pid, start in below:  # any that left its group
             now = _started(pid)
             if now is not None and now[1] == start:  # the same process, not one that took over its pid
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -1,7 +1,8 @@
 """Starts planned services (``turnstream run``'s pipeline, a replay's stages) stage by stage, notices one that
 dies, and stops them all: SIGTERM in reverse order (each service finishes its step and commits its offsets),
-SIGKILL for any still running after 30 s. Children also get SIGTERM from the kernel if the supervisor itself dies,
-so none is orphaned."""
+SIGKILL for any still running after 30 s; each service runs in a process group of its own, which a stop ends, so
+helpers it started (SGLang's scheduler, detokenizer, resource tracker) go too, even orphaned ones. Children also
+get SIGTERM from the kernel if the supervisor itself dies."""
 
 from __future__ import annotations
 

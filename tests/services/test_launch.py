@@ -93,3 +93,49 @@ def test_a_service_killed_after_its_grace_takes_what_it_started_with_it(tmp_path
         assert time.monotonic() < deadline, "the child outlived its killed parent"
         time.sleep(0.1)
     log.close()
+
+
+ABANDONING = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    # A helper whose parent exited at once: re-parented away from this process before any stop (as SGLang's
+    # detokenizer and multiprocessing's resource tracker are when the process that made them goes first).
+    middle = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+         " print(p.pid, flush=True)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    print(middle.stdout.readline().strip(), flush=True)
+    middle.wait()
+
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+    HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+    """
+)
+
+
+def test_a_stop_takes_even_the_helpers_a_service_abandoned(tmp_path: Path) -> None:
+    """Issue 32, item 11: after ``turnstream run`` stopped, SGLang's detokenizers and resource trackers (about 1 GB
+    each) were still running: orphaned, they were no longer below the service a stop looks under. Every service
+    runs in a process group of its own, and a stop ends the group."""
+    from services.launch import ServiceProcess
+
+    port = free_port()
+    log = open(tmp_path / "out.log", "w")
+    proc = ServiceProcess(
+        [str(port)], port=port, ready_path="/", log=log, program=[sys.executable, "-c", ABANDONING]
+    )
+    orphan = psutil.Process(int((tmp_path / "out.log").read_text().split()[0]))
+    assert orphan.is_running() and orphan.ppid() != proc.proc.pid  # re-parented: no longer below the service
+    proc.stop(timeout_s=5)
+    deadline = time.monotonic() + 10
+    while orphan.is_running() and orphan.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the abandoned helper outlived the stop"
+        time.sleep(0.1)
+    log.close()
