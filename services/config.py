@@ -143,6 +143,17 @@ class ProxyConfig(_Section):
     ``turnstream_http_connections_refused_total{reason="connection_limit"}``)."""
     spool_dir: str = ""
     """Durable local spool every turn passes through before Kafka; empty: under the cache directory."""
+    spool_max_bytes: NonNegInt = 0
+    """The spool's cap: turns not yet acknowledged by Kafka, in bytes. Past it (or while the spool cannot be
+    written) main turns are refused or served unrecorded (``spool_full``), counted and logged. 0: half the free
+    space of the spool's filesystem when the proxy starts."""
+    spool_full: Literal["refuse", "serve"] = "refuse"
+    """A full spool: ``refuse`` answers main turns 503 ``spool_full`` (with Retry-After; side turns are served),
+    so nothing served goes unrecorded; ``serve`` answers them and records nothing, counted in
+    ``turnstream_proxy_turns_dropped_total{reason="spool_full"}``."""
+    spool_stop_timeout_s: PositiveFloat = 30.0
+    """At a stop, how long to keep trying to write turns that only exist in memory (the spool's disk failed)
+    before giving them up, logged and counted (``reason="unwritten_at_stop"``)."""
     spool_linger_ms: NonNegInt = 200
     """Turns gather this long before one fsync and one Kafka batch take them all: the user never waits on it, and
     at low traffic it is what keeps recording cheap (a turn lives only in memory for this long)."""

@@ -39,7 +39,15 @@ from services.proxy.recorder import TurnRecorder
 from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
 from services.proxy.turn_numbers import TurnNumbers
-from services.proxy.turns import DROPPED, RESCORED, Completion, UnrecordableTurn, build_turn, modified_logits
+from services.proxy.turns import (
+    DROPPED,
+    REFUSED,
+    RESCORED,
+    Completion,
+    UnrecordableTurn,
+    build_turn,
+    modified_logits,
+)
 from services.proxy.validation import PARSE_IN_THREAD_BYTES, BadInput, parse_chat, read_body
 from services.proxy.versions import ServedVersions
 from services.transport.resp import command
@@ -365,6 +373,16 @@ class ChatProxy:
             )
         pending: Pending | None = None
         if session.turn_type == "main":
+            if self.pc.spool_full == "refuse" and self.state.recorder.full:
+                REFUSED.labels("spool_full").inc()
+                return openai_error(
+                    503,
+                    "turns cannot be recorded right now (the proxy's spool is full until the event log takes "
+                    "what it holds); try again shortly, or send the request as a side turn (X-Turn-Type: side)",
+                    "server_error",
+                    "spool_full",
+                    headers={"Retry-After": "5"},
+                )
             if session.session_id is None:
                 if self.pc.missing_session == "reject":
                     return openai_error(
@@ -741,7 +759,13 @@ async def build_state(config: Config) -> ProxyState:
         config.redis.url, config.redis.key_prefix, session_ttl_s=config.redis.session_ttl_s
     )
     recorder = TurnRecorder(
-        config.kafka, spool_dir, linger_s=pc.spool_linger_ms / 1000, number_once=turn_numbers.number_once
+        config.kafka,
+        spool_dir,
+        linger_s=pc.spool_linger_ms / 1000,
+        number_once=turn_numbers.number_once,
+        max_bytes=pc.spool_max_bytes,
+        when_full=pc.spool_full,
+        stop_write_timeout_s=pc.spool_stop_timeout_s,
     )
     await recorder.start()
     state = ProxyState(config=config, engine=engine, turn_numbers=turn_numbers, recorder=recorder)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import struct
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,7 +32,7 @@ from schemas.topics import MAX_TURN_BYTES, SESSIONS_ENDED, TURNS
 from services.bus import EventProducer
 from services.config import KafkaConfig
 from services.proxy.spool import Spool
-from services.proxy.turns import UnrecordableTurn
+from services.proxy.turns import DROPPED, UnrecordableTurn
 
 log = logging.getLogger("turnstream.proxy.recorder")
 
@@ -41,6 +42,14 @@ PUBLISH_FAILURES = Counter(
     "turnstream_proxy_publish_failures_total", "Failed attempts to publish spooled turns"
 )
 SPOOLED = Gauge("turnstream_proxy_spool_pending", "Turns in the spool not yet acknowledged by Kafka")
+SPOOL_BYTES = Gauge(
+    "turnstream_proxy_spool_bytes", "Bytes in the spool (and in memory) not yet acknowledged by Kafka"
+)
+SPOOL_FULL = Gauge(
+    "turnstream_proxy_spool_full",
+    "1 while the spool is at proxy.spool_max_bytes or cannot be written: main turns are refused (503) or served "
+    "unrecorded (proxy.spool_full)",
+)
 
 NUMBERED_LATE = Counter(
     "turnstream_proxy_turns_numbered_late_total",
@@ -86,8 +95,19 @@ class TurnRecorder:
         batch: int = 256,
         linger_s: float = 0.05,
         number_once: NumberOnce | None = None,
+        max_bytes: int = 0,
+        when_full: str = "refuse",
+        stop_write_timeout_s: float = 30.0,
     ) -> None:
         self.kafka = kafka
+        self.max_bytes = max_bytes
+        """The spool's cap (``proxy.spool_max_bytes``); 0: half the free space of its filesystem at start."""
+        self.when_full = when_full
+        """``refuse``: the proxy answers main turns 503 while full (it asks ``full``); ``serve``: they are served and
+        ``record`` drops them, counted."""
+        self.stop_write_timeout_s = stop_write_timeout_s
+        self._buffer_bytes = 0
+        self._was_full = False
         self.number_once = number_once
         """Numbers an unnumbered turn at publish time (``TurnNumbers.number_once``)."""
         self._unnumbered = 0
@@ -109,6 +129,9 @@ class TurnRecorder:
 
     async def start(self) -> None:
         self.spool = await asyncio.to_thread(Spool, self.spool_dir)
+        if not self.max_bytes:
+            self.max_bytes = max(shutil.disk_usage(self.spool_dir).free // 2, 1)
+        log.info("spool ready", extra={"dir": str(self.spool_dir), "max_bytes": self.max_bytes})
         SPOOLED.set(self.spool.pending)
         self._backlog = self.spool.pending
         if self.spool.pending:
@@ -123,10 +146,35 @@ class TurnRecorder:
         """Whether new turns must be recorded unnumbered (to be numbered in spool order when published)."""
         return self._unnumbered > 0 or self._backlog > 0
 
+    @property
+    def full(self) -> bool:
+        """At the cap, or unable to write (turns already wait in memory): take no more main turns. Says so, once
+        per episode, in the log and ``turnstream_proxy_spool_full``."""
+        spool = self.spool
+        full = bool(self._buffer) or (
+            spool is not None and spool.unpublished_bytes + self._buffer_bytes >= self.max_bytes
+        )
+        if full != self._was_full:
+            self._was_full = full
+            SPOOL_FULL.set(int(full))
+            if full:
+                log.warning(
+                    "the spool is full: main turns are "
+                    + ("refused (503)" if self.when_full == "refuse" else "served unrecorded")
+                    + " until Kafka takes what it holds",
+                    extra={"max_bytes": self.max_bytes, "in_memory": len(self._buffer)},
+                )
+            else:
+                log.info("the spool has room again")
+        return full
+
     def record(self, turn: Turn, *, unnumbered: bool = False) -> None:
         """Write a turn to the spool file. Never raises on the caller's path; never waits for a disk flush.
         An ``unnumbered`` turn's index and id are placeholders, replaced when it is published. Raises
-        ``UnrecordableTurn`` for a turn whose record would exceed ``MAX_TURN_BYTES`` (see there why)."""
+        ``UnrecordableTurn`` for a turn whose record would exceed ``MAX_TURN_BYTES`` (see there why), or when the
+        spool is full and full spools serve turns unrecorded (``proxy.spool_full = "serve"``)."""
+        if self.when_full == "serve" and self.full:
+            raise UnrecordableTurn("spool_full", "the spool is full; the turn was served and not recorded")
         value = encode(turn)
         if len(value) > MAX_TURN_BYTES:
             raise UnrecordableTurn(
@@ -150,8 +198,10 @@ class TurnRecorder:
             except (OSError, ValueError) as exc:  # disk full; a spool closed by a shutdown under way
                 log.error("spool write failed; turns wait in memory", extra={"error": repr(exc)})
                 self._buffer.append(record)
+                self._buffer_bytes += len(record)
         else:  # earlier turns still wait in memory: keep the order
             self._buffer.append(record)
+            self._buffer_bytes += len(record)
         self._buffered.set()
 
     @property
@@ -172,11 +222,13 @@ class TurnRecorder:
                 try:
                     await asyncio.to_thread(self.spool.write, batch)
                     del self._buffer[: len(batch)]  # record() appends behind them meanwhile
+                    self._buffer_bytes -= sum(len(r) for r in batch)
                 except OSError as exc:
                     log.error("spool write failed again", extra={"error": repr(exc), "waiting": len(batch)})
                     self._buffered.set()
                     await asyncio.sleep(1.0)
             synced = await asyncio.to_thread(self.spool.sync)
+            SPOOL_BYTES.set(self.spool.unpublished_bytes + self._buffer_bytes)
             if synced:
                 RECORDED.inc(synced)
                 SPOOLED.set(self.spool.pending)
@@ -264,6 +316,7 @@ class TurnRecorder:
                         self._numbers.pop(nonce, None)
                 PUBLISHED.inc(ok)
                 SPOOLED.set(self.spool.pending)
+                SPOOL_BYTES.set(self.spool.unpublished_bytes + self._buffer_bytes)
                 backoff = 0.2
             if ok < len(records):
                 PUBLISH_FAILURES.inc()
@@ -292,8 +345,16 @@ class TurnRecorder:
         self._buffered.set()
         self._wrote.set()
         if self._tasks:
+            # What is only in memory (the spool could not be written) is waited for longer: it exists nowhere else.
+            writer_timeout = max(drain_timeout_s, self.stop_write_timeout_s if self._buffer else 0.0)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._tasks[0], drain_timeout_s)
+                await asyncio.wait_for(self._tasks[0], writer_timeout)
+            if self._buffer:
+                DROPPED.labels("unwritten_at_stop").inc(len(self._buffer))
+                log.error(
+                    "stopping with turns that could not be written to the spool: they are lost",
+                    extra={"lost": len(self._buffer), "waited_s": writer_timeout, "dir": str(self.spool_dir)},
+                )
             try:
                 await asyncio.wait_for(self._tasks[1], drain_timeout_s)
             except TimeoutError:

@@ -51,6 +51,11 @@ def _read_records(fh: BinaryIO, offset: int, limit: int) -> tuple[list[bytes], i
     return out, offset
 
 
+def _append(path: Path) -> BinaryIO:
+    """A segment opened for appending, created 0600."""
+    return open(path, "ab", opener=lambda p, flags: os.open(p, flags, 0o600))
+
+
 class Spool:
     def __init__(
         self,
@@ -60,7 +65,8 @@ class Spool:
         cursor_interval_s: float = 0.2,
     ) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # people's conversations: the owner's only
+        os.chmod(self.dir, 0o700)
         self.segment_bytes = segment_bytes
         self.memory_bytes = memory_bytes
         self.cursor_interval_s = cursor_interval_s
@@ -72,7 +78,7 @@ class Spool:
         self._mem_complete = False
         self._lock = threading.Lock()
         # One process per spool: two publishers draining one spool would send every turn twice.
-        self._lockfile = open(self.dir / "lock", "w")
+        self._lockfile = open(self.dir / "lock", "w", opener=lambda p, flags: os.open(p, flags, 0o600))
         try:
             fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -83,12 +89,13 @@ class Spool:
         segments = self._segments()
         self._write_seg = segments[-1] if segments else 0
         self._read_seg, self._read_off = self._load_cursor(segments)
-        self._cursor_fd = os.open(self.dir / "cursor", os.O_RDWR | os.O_CREAT, 0o644)
+        self._cursor_fd = os.open(self.dir / "cursor", os.O_RDWR | os.O_CREAT, 0o600)
         self._truncate_torn_tail(self._write_seg)
-        self._fh = open(self._path(self._write_seg), "ab")
+        self._fh = _append(self._path(self._write_seg))
         # Written, not yet fsync'd: (payload, segment, end) in order, and the files they are in.
         self._unsynced: list[tuple[bytes, int, int]] = []
         self._unsynced_files: list[BinaryIO] = []
+        self._unpublished_bytes = 0
         self._pending = self._count_pending()
         self._mem_complete = self._pending == 0
 
@@ -143,6 +150,7 @@ class Spool:
         while True:
             records, seg, off = self._read_from(seg, off, 1 << 30)
             n += len(records)
+            self._unpublished_bytes += sum(_HEADER.size + len(r) for r in records)
             if not records:
                 return n
 
@@ -167,6 +175,7 @@ class Spool:
                 self._fh.truncate(start)  # no torn record in front of the next write
                 self._fh.seek(start)
                 raise
+            self._unpublished_bytes += len(buf)
             seg, end = self._write_seg, start
             for p in payloads:
                 end += _HEADER.size + len(p)
@@ -175,7 +184,7 @@ class Spool:
                 self._unsynced_files.append(self._fh)
             if end >= self.segment_bytes:
                 self._write_seg += 1
-                self._fh = open(self._path(self._write_seg), "ab")
+                self._fh = _append(self._path(self._write_seg))
 
     def sync(self) -> int:
         """fsync what ``write`` handed over (one fsync per file) and make it visible to ``peek``. Blocking: call it
@@ -254,9 +263,11 @@ class Spool:
                 for _ in range(count):
                     payload, seg, off = self._mem.popleft()
                     self._mem_bytes -= len(payload)
+                    self._unpublished_bytes -= _HEADER.size + len(payload)
             else:
                 records, seg, off = self._read_from(self._read_seg, self._read_off, count)
                 assert len(records) == count, "commit of records that were not peeked"
+                self._unpublished_bytes -= sum(_HEADER.size + len(r) for r in records)
             old = self._read_seg
             self._read_seg, self._read_off = seg, off
             self._pending -= count
@@ -274,6 +285,11 @@ class Spool:
     @property
     def pending(self) -> int:
         return self._pending
+
+    @property
+    def unpublished_bytes(self) -> int:
+        """Bytes of records written and not yet published (synced or not): what an outage makes grow."""
+        return self._unpublished_bytes
 
     def close(self) -> None:
         self.sync()

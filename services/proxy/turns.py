@@ -16,6 +16,9 @@ RETOKENIZED = Counter(
     "turnstream_proxy_retokenized_total", "Turns whose token ids were re-tokenized (the engine returned none)"
 )
 DROPPED = Counter("turnstream_proxy_turns_dropped_total", "Main turns served but not recorded", ["reason"])
+REFUSED = Counter(
+    "turnstream_proxy_turns_refused_total", "Main turns refused before the engine was asked", ["reason"]
+)
 
 _SAMPLING_FIELDS = (
     "temperature",

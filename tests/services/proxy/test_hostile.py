@@ -496,3 +496,72 @@ async def test_connections_past_the_limit_are_refused_and_messages_capped(
         assert "big" in {t.session_id for t in turns}
     finally:
         proxy.close()
+
+
+def _modes(folder: Path) -> tuple[int, list[int]]:
+    """A folder's permission bits and those of every file in it."""
+    return folder.stat().st_mode & 0o777, [f.stat().st_mode & 0o777 for f in folder.iterdir() if f.is_file()]
+
+
+async def test_a_full_spool_refuses_main_turns_and_loses_none_it_served(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Issue 32, item 6: with Kafka down and a small disk, served turns piled up in memory and a stop lost them.
+    The spool has a cap (``proxy.spool_max_bytes``); past it main turns are a 503 ``spool_full`` (side turns are
+    served), counted; every turn served before is on disk, 0600 in a 0700 folder, and reaches Kafka after a restart
+    with the broker back."""
+    dead = f"127.0.0.1:{free_port()}"
+    proxy = StubProxy(
+        kafka,
+        redis_config,
+        tmp_path,
+        TURNSTREAM_KAFKA_BOOTSTRAP=dead,
+        TURNSTREAM_PROXY_SPOOL_MAX_BYTES="60000",
+        TURNSTREAM_PROXY_MAX_BODY_BYTES="65536",
+    )
+    served: list[str] = []
+    refused = None
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            for i in range(40):
+                body = {"messages": [{"role": "user", "content": f"{i} " + "x" * 10_000}], "max_tokens": 2}
+                r = await client.post(
+                    proxy.url + "/v1/chat/completions", json=body, headers={"X-Session-Id": f"full-{i}"}
+                )
+                if r.status_code == 503:
+                    refused = r
+                    break
+                check(r)
+                assert r.status_code == 200, r.text[:300]
+                served.append(f"full-{i}")
+                await asyncio.sleep(0.3)  # the spool's group commit (200 ms) has written it
+            assert refused is not None, "40 turns of 10 kB fit a spool of 60 kB"
+            assert refused.json()["error"]["code"] == "spool_full" and refused.headers["retry-after"] == "5"
+            assert len(served) >= 3
+            side = await client.post(
+                proxy.url + "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                headers={"X-Turn-Type": "side"},
+            )
+            assert side.status_code == 200
+        assert scraped(proxy.url, "turnstream_proxy_turns_refused_total", reason="spool_full") >= 1
+        assert scraped(proxy.url, "turnstream_proxy_spool_full") == 1
+        folder, files = _modes(Path(proxy.proxy._env["TURNSTREAM_PROXY_SPOOL_DIR"]))
+        assert folder == 0o700 and files and set(files) == {0o600}, (oct(folder), files)
+        # A stop keeps them (on disk); the proxy started again with the broker back publishes every served turn.
+        proxy.proxy.stop()
+        port = free_port()
+        env = {
+            **proxy.proxy._env,
+            "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+            "TURNSTREAM_PROXY_PORT": str(port),
+        }
+        with ServiceProcess(
+            ["proxy"], port=port, ready_path="/metrics", env=env, startup_timeout_s=60
+        ) as again:
+            turns = await wait_for_turns(kafka, len(served), timeout=60)
+            assert sorted(t.session_id for t in turns) == sorted(served)
+            assert_still_serving(again.url)
+    finally:
+        proxy.proxy.stop()
+        proxy.stub.stop()

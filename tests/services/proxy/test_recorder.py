@@ -127,3 +127,73 @@ async def test_a_session_end_survives_a_restart_in_the_spool_and_goes_to_its_own
     assert [rec.event.turn_id async for rec in read_topic(kafka, TURNS)] == ["ends:1"]
     ends = [rec.event async for rec in read_topic(kafka, SESSIONS_ENDED)]
     assert ends == [SessionEnded(session_id="ends", after_turn_index=1, ended_at=1.0)]
+
+
+async def test_a_full_spool_serving_unrecorded_counts_each_turn(kafka: KafkaConfig, tmp_path: Path) -> None:
+    """``proxy.spool_full = "serve"``: past the cap a turn is served and not recorded; ``record`` says so
+    (``UnrecordableTurn("spool_full")``, which the proxy counts), and recording resumes once Kafka took the rest."""
+    from services.proxy.turns import UnrecordableTurn
+
+    dead = msgspec.structs.replace(kafka, bootstrap=f"127.0.0.1:{free_port()}")
+    recorder = TurnRecorder(dead, tmp_path / "spool", linger_s=0.01, max_bytes=3000, when_full="serve")
+    await recorder.start()
+    try:
+        kept = 0
+        with pytest.raises(UnrecordableTurn) as refused:
+            for i in range(100):
+                recorder.record(answered(f"s{i}", "x" * 500))
+                kept += 1
+        assert refused.value.reason == "spool_full" and 1 <= kept < 100
+        assert recorder.full
+    finally:
+        await recorder.stop(drain_timeout_s=0.5)
+
+
+async def test_a_stop_waits_for_turns_only_in_memory_and_counts_any_it_must_give_up(
+    kafka: KafkaConfig, tmp_path: Path
+) -> None:
+    """Issue 32, item 6: turns that could not be written (a full disk) lived only in memory and a stop dropped
+    them silently. While the spool cannot be written the recorder is ``full``; a stop keeps trying for
+    ``stop_write_timeout_s`` (the turns are written if the disk recovers meanwhile), and any it gives up are
+    logged and counted."""
+    from services.proxy.turns import DROPPED
+
+    recorder = TurnRecorder(kafka, tmp_path / "spool", linger_s=0.01, stop_write_timeout_s=5.0)
+    await recorder.start()
+    assert recorder.spool is not None
+    write = recorder.spool.write
+    disk_full = True
+
+    def failing(payloads: list[bytes]) -> None:
+        if disk_full:
+            raise OSError(28, "No space left on device")
+        write(payloads)
+
+    recorder.spool.write = failing  # type: ignore[method-assign]
+    recorder.record(answered("mem", "one"))
+    recorder.record(example_turn("mem", 2))
+    assert recorder.full and recorder.pending == 2
+
+    async def disk_frees_up() -> None:
+        nonlocal disk_full
+        await asyncio.sleep(1.5)
+        disk_full = False
+
+    freed = asyncio.create_task(disk_frees_up())
+    await recorder.stop(drain_timeout_s=0.5)  # shorter than the disk's recovery: the stop waits for it
+    await freed
+    published = sorted([rec.event.turn_id async for rec in read_topic(kafka, TURNS)])
+    assert published == ["mem:1", "mem:2"]
+
+    lost_before = DROPPED.labels("unwritten_at_stop")._value.get()
+    again = TurnRecorder(kafka, tmp_path / "spool2", linger_s=0.01, stop_write_timeout_s=1.0)
+    await again.start()
+    assert again.spool is not None
+
+    def never(payloads: list[bytes]) -> None:
+        raise OSError(28, "No space left on device")
+
+    again.spool.write = never  # type: ignore[method-assign]
+    again.record(answered("lost", "gone"))
+    await again.stop(drain_timeout_s=0.2)
+    assert DROPPED.labels("unwritten_at_stop")._value.get() == lost_before + 1
