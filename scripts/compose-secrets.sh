@@ -12,7 +12,7 @@ umask 077
 touch "$file"
 chmod 600 "$file"
 made=()
-for name in GRAFANA_ADMIN_PASSWORD CONSOLE_TOKEN; do
+for name in GRAFANA_ADMIN_PASSWORD CONSOLE_TOKEN PROXY_API_KEY; do
     if grep -q "^${name}=" "$file" || [[ -n "${!name:-}" ]]; then
         continue
     fi
@@ -21,7 +21,8 @@ for name in GRAFANA_ADMIN_PASSWORD CONSOLE_TOKEN; do
     made+=("$name")
 done
 if [[ ${#made[@]} -gt 0 ]]; then
-    log "wrote ${made[*]} to $file (0600); the console's login link: http://127.0.0.1:\${CONSOLE_PORT:-8080}/login?token=\$CONSOLE_TOKEN"
+    log "wrote ${made[*]} to $file (0600). Clients send Authorization: Bearer \$PROXY_API_KEY; the console's login"
+    log "link is http://127.0.0.1:\${CONSOLE_PORT:-8080}/login?token=\$CONSOLE_TOKEN"
 else
     log "$file already holds every secret compose.yaml needs"
 fi

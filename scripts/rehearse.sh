@@ -71,6 +71,7 @@ export PROMETHEUS_PORT="${REHEARSE_PROMETHEUS_PORT:-19090}"
 # needs its password to read the file), made fresh for each rehearsal.
 export GRAFANA_ADMIN_PASSWORD="${GRAFANA_ADMIN_PASSWORD:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
 export CONSOLE_TOKEN="${CONSOLE_TOKEN:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
+export PROXY_API_KEY="${PROXY_API_KEY:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
 export ROLLOUT_BATCH_SIZE=2 TRAINER_CHECKPOINT_EVERY_STEPS=1 TURNSTREAM_LOG_LEVEL=INFO
 # SmolLM2's context is 8,192 tokens: a judge answer of combine's default 8,192 plus the prompt is refused by SGLang.
 # And SmolLM2 cannot follow the judge's prompt (its votes parse as no verdict and no hint, so nothing would train):

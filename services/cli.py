@@ -339,6 +339,18 @@ def _proxy(config: Config, args: argparse.Namespace) -> int:
     )
     engine = msgspec.structs.replace(config.engine, url=args.engine_url or config.engine.url)
     config = msgspec.structs.replace(config, proxy=proxy, engine=engine)
+    from services.metrics import serve_metrics
+    from services.proxy.keys import KeyFileError, ProxyKeys, refuse_without_keys
+
+    try:
+        why = refuse_without_keys(proxy.host, ProxyKeys(proxy.api_key, proxy.keys_file))
+    except KeyFileError as exc:
+        why = str(exc)
+    if why:
+        print(f"turnstream proxy: {why}", file=sys.stderr)
+        return 2
+    # For a Prometheus without the proxy's keys (compose): the same registry, on a port of its own.
+    serve_metrics(config.metrics.port, config.metrics.host)
     # No X-Forwarded-* rewriting (the proxy never uses the client's address) and no Server header: per-request
     # work the hot path does not need.
     serve(

@@ -119,7 +119,10 @@ class ProxyConfig(_Section):
     host: str = "127.0.0.1"
     port: Port = 8000
     api_key: str | None = None
-    """When set, clients must send ``Authorization: Bearer <api_key>``."""
+    """When set (or ``keys_file``), clients must send ``Authorization: Bearer <key>`` for the API, ``/v1/models``
+    and ``/metrics`` (``/healthz`` is open). Without either the proxy starts only on a loopback address."""
+    keys_file: str = ""
+    """One key per user: lines ``<user id> <key>`` (keys of 16 characters or more; keep it 0600)."""
     served_model_name: str = "turnstream-policy"
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
     """The largest request body (side turns; main turns have ``max_turn_bytes``): larger is a 413."""

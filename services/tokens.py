@@ -43,3 +43,8 @@ def console_login_url(config: Config) -> str:
     host = config.console.host if config.console.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{config.console.port}/login?token={console_token(config)}"
+
+
+def proxy_key() -> str:
+    """The key ``turnstream run`` gives its proxy when none is configured, kept in the cache."""
+    return stored_token(cache_dir() / "proxy-key")

@@ -25,7 +25,8 @@ OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer"
 
 def resolve(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("POLICY_", "TRAINER_", "COMPOSE_"))}
-    secrets = {"GRAFANA_ADMIN_PASSWORD": "test-password"}  # what scripts/compose-secrets.sh writes to .env
+    # what scripts/compose-secrets.sh writes to .env
+    secrets = {"GRAFANA_ADMIN_PASSWORD": "test-password", "PROXY_API_KEY": "test-proxy-key-0123456789"}
     return subprocess.run(
         ["bash", "scripts/compose-config.sh", *files],
         cwd=REPO,
@@ -264,8 +265,6 @@ def _metrics_port(name: str, service: dict[str, Any]) -> int:
         return int(re.search(r"--port (\d+)", command).group(1))  # type: ignore[union-attr]
     config = load_config(env={k: v for k, v in service["environment"].items() if v is not None})
     assert config.metrics.host == "0.0.0.0", name
-    if name == "proxy":
-        return config.proxy.port
     if (
         name == "console"
     ):  # its pages' port needs the console's token: /metrics on metrics.port for Prometheus
@@ -555,8 +554,9 @@ def test_grafana_has_no_default_password_and_no_anonymous_access(
     grafana = default["services"]["grafana"]["environment"]
     assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == "test-password"
     assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
-    out = resolve(GRAFANA_ADMIN_PASSWORD="")
-    assert out.returncode != 0 and "compose-secrets.sh" in out.stderr, out.stderr[-2000:]
+    for secret in ("GRAFANA_ADMIN_PASSWORD", "PROXY_API_KEY"):
+        out = resolve(**{secret: ""})
+        assert out.returncode != 0 and "compose-secrets.sh" in out.stderr, out.stderr[-2000:]
     # The script writes it (and the console's token) once, 0600, and keeps what is there.
     env_file = tmp_path / "secrets.env"
 
@@ -576,6 +576,7 @@ def test_grafana_has_no_default_password_and_no_anonymous_access(
     first = env_file.read_text()
     assert re.search(r"^GRAFANA_ADMIN_PASSWORD=[A-Za-z0-9_-]{24,}$", first, re.M), first
     assert re.search(r"^CONSOLE_TOKEN=[A-Za-z0-9_-]{24,}$", first, re.M), first
+    assert re.search(r"^PROXY_API_KEY=[A-Za-z0-9_-]{24,}$", first, re.M), first
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     again = make_secrets()
     assert again.returncode == 0 and env_file.read_text() == first

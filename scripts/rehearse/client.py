@@ -12,6 +12,7 @@ failure exits 1.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -63,7 +64,7 @@ def turn(
 
 
 def talk(base_url: str, sessions: int, turns: int, tag: str) -> None:
-    client = OpenAI(base_url=base_url, api_key="rehearsal", timeout=600, max_retries=0)
+    client = OpenAI(base_url=base_url, api_key=os.environ["PROXY_API_KEY"], timeout=600, max_retries=0)
     answered = streamed = 0
     for s in range(sessions):
         sid, messages = f"rehearse-{tag}-{s}", []
@@ -86,7 +87,7 @@ def talk(base_url: str, sessions: int, turns: int, tag: str) -> None:
 
 
 def served(base_url: str, version: int, within_s: float) -> None:
-    client = OpenAI(base_url=base_url, api_key="rehearsal", timeout=600, max_retries=0)
+    client = OpenAI(base_url=base_url, api_key=os.environ["PROXY_API_KEY"], timeout=600, max_retries=0)
     deadline, seen = time.monotonic() + within_s, None
     while time.monotonic() < deadline:
         headers = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine
@@ -35,6 +34,7 @@ from services.proxy.adapters import Adapters, with_version, without_adapter
 from services.proxy.additions import client_wants, strip_response, strip_stream_chunk
 from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
 from services.proxy.continuity import Asked, Continuity, Links, Resolved, SessionWatch, answered, links
+from services.proxy.keys import ProxyKeys
 from services.proxy.recorder import TurnRecorder
 from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
 from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
@@ -136,7 +136,7 @@ class ChatProxy:
     def __init__(self, config: Config, state: ProxyState | None = None) -> None:
         self.config = config
         self.pc = config.proxy
-        self.api_key = self.pc.api_key.encode() if self.pc.api_key else None
+        self.keys = ProxyKeys(self.pc.api_key, self.pc.keys_file)
         self._state = state
         self.watch = SessionWatch()
         self.side_models = frozenset(self.pc.side_models)
@@ -166,11 +166,10 @@ class ChatProxy:
             await close_engine_pool()
 
     def authorized(self, request: Request) -> bool:
-        if self.api_key is None:
-            return True
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key)
+        return self.keys.user(request.headers.get("authorization")) is not None
+
+    def refusal(self) -> Response:
+        return openai_error(401, "invalid or missing bearer token", "authentication_error", "invalid_api_key")
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:
         """Work after (or beside) a response: held until it finishes, awaited at shutdown."""
@@ -336,9 +335,7 @@ class ChatProxy:
     async def chat(self, request: Request) -> Response:
         created = time.time()
         if not self.authorized(request):
-            return openai_error(
-                401, "invalid or missing bearer token", "authentication_error", "invalid_api_key"
-            )
+            return self.refusal()
         try:
             raw_body = await read_body(request, self.pc.max_body_bytes)
             if len(raw_body) > PARSE_IN_THREAD_BYTES:
@@ -692,7 +689,9 @@ class ChatProxy:
         else:
             await self._rescore_then_finish(session, index, body, completion, created, version)
 
-    async def models(self, _: Request) -> Response:
+    async def models(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.refusal()
         try:
             data = await self.state.engine.models()
         except EngineError as exc:
@@ -709,7 +708,10 @@ class ChatProxy:
         }
         return JSONResponse(body, status_code=200 if engine_ok else 503)
 
-    async def metrics(self, _: Request) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        """Behind the keys like the API (Prometheus without them reads ``metrics.port`` instead)."""
+        if not self.authorized(request):
+            return self.refusal()
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

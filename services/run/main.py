@@ -27,7 +27,7 @@ from services.model_store import cache_dir
 from services.run.plan import plan
 from services.run.progress import Progress, scrape
 from services.supervisor import StartupFailed, Supervisor, tail
-from services.tokens import console_login_url
+from services.tokens import console_login_url, proxy_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,15 +55,16 @@ def _write_status(path: Path, progress: Progress) -> None:
 def _banner(config: Config, run_dir: Path) -> str:
     url = f"http://127.0.0.1:{config.proxy.port}/v1"
     console = f"Console: {console_login_url(config)}\n" if config.run.console else ""
+    key = config.proxy.api_key or "<a key from proxy.keys_file>"
     return f"""
-turnstream is running. OpenAI-compatible API: {url}  (model "policy"; send each request with the conversation
-so far and its session is found, or name it with X-Session-Id; clients: docs/clients.md)
+turnstream is running. OpenAI-compatible API: {url}  (model "policy"; API key {key}; send each request
+with the conversation so far and its session is found, or name it with X-Session-Id; clients: docs/clients.md)
 
-  curl -s {url}/chat/completions -H 'content-type: application/json' \\
+  curl -s {url}/chat/completions -H 'content-type: application/json' -H 'Authorization: Bearer {key}' \\
        -d '{{"messages": [{{"role": "user", "content": "Hi!"}}], "max_tokens": 32}}'
 
   from openai import OpenAI
-  client = OpenAI(base_url="{url}", api_key="unused")
+  client = OpenAI(base_url="{url}", api_key="{key}")
   client.chat.completions.create(model="policy", messages=[...])
 
 {console}Logs: {run_dir}/<service>.log   Status: {run_dir}/status.json   Ctrl-C stops everything.
@@ -96,6 +97,9 @@ async def run_pipeline(
         await asyncio.to_thread(start_local_infra, config)
     await create_topics(config.kafka)
     model = config.trainer.hf_checkpoint or str(await asyncio.to_thread(fetch_smollm2))
+    if not config.proxy.api_key and not config.proxy.keys_file:  # a key of its own, kept for the next run
+        proxy = msgspec.structs.replace(config.proxy, api_key=proxy_key())
+        config = msgspec.structs.replace(config, proxy=proxy)
     services = plan(config, model, config_path, str(run_dir))
     supervisor = Supervisor(services, run_dir, rc.startup_timeout_s)
     _say(f"starting {', '.join(s.name for s in services)} (logs in {run_dir})")

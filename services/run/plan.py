@@ -24,6 +24,8 @@ def plan(
     teacher_url = engine_url if one_engine else f"http://127.0.0.1:{rc.teacher_engine_port}"
     # What `--lora` set on the command line reaches every service (the file, when there is one, they read too).
     shared = {"TURNSTREAM_TRAINER_LORA_ENABLED": "true"} if config.trainer.lora.enabled else {}
+    if config.proxy.api_key:  # the proxy checks it and the simulated users send it
+        shared["TURNSTREAM_PROXY_API_KEY"] = config.proxy.api_key
     metrics = {
         name: rc.metrics_port_base + i
         for i, name in enumerate(("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate", "eval"))

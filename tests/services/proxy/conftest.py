@@ -27,8 +27,11 @@ class ProxyProcess(ServiceProcess):
             "TURNSTREAM_PROXY_PORT": str(port),
             "TURNSTREAM_PROXY_SPOOL_DIR": str(base / f"spool-{port}"),
         }
+        # /metrics needs the key when there is one: then ready once /healthz answers (the engine is up too).
+        keyed = env.get("TURNSTREAM_PROXY_API_KEY") or env.get("TURNSTREAM_PROXY_KEYS_FILE")
+        ready = "/healthz" if keyed else "/metrics"
         super().__init__(
-            ["proxy"], port=port, ready_path="/metrics", env=env, log=self.logfile, startup_timeout_s=60
+            ["proxy"], port=port, ready_path=ready, env=env, log=self.logfile, startup_timeout_s=60
         )
 
     def stop(self) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,11 +63,13 @@ class StubProxy:
             }
         )
         self.url = self.proxy.url
+        key = env.get("TURNSTREAM_PROXY_API_KEY")
+        self.auth = {"Authorization": f"Bearer {key}"} if key else {}
 
     def close(self, dropped: int = 0) -> str:
         """Stop both; returns the proxy's log. Every main turn served was recorded but ``dropped`` (counted)."""
         try:
-            assert scraped(self.url, "turnstream_proxy_turns_dropped_total") == dropped
+            assert scraped(self.url, "turnstream_proxy_turns_dropped_total", headers=self.auth) == dropped
         finally:
             self.proxy.stop()
             self.stub.stop()
@@ -562,6 +566,65 @@ async def test_a_full_spool_refuses_main_turns_and_loses_none_it_served(
             turns = await wait_for_turns(kafka, len(served), timeout=60)
             assert sorted(t.session_id for t in turns) == sorted(served)
             assert_still_serving(again.url)
+    finally:
+        proxy.proxy.stop()
+        proxy.stub.stop()
+
+
+def test_the_proxy_needs_keys_beyond_loopback_and_each_key_names_a_user(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Issue 32, item 5: authentication was off by default (an empty PROXY_API_KEY too), nothing stopped a proxy
+    listening beyond loopback without it, and ``/v1/models`` showed the model's path to anyone. Now the proxy
+    refuses to start beyond loopback without keys; keys can be one per user (``proxy.keys_file``); ``/v1/models``
+    and ``/metrics`` need a key like the API (``/healthz`` does not)."""
+    for key in (None, ""):
+        env = {
+            **os.environ,
+            "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+            "TURNSTREAM_LOGGING_FORMAT": "text",
+        }
+        env.pop("TURNSTREAM_PROXY_API_KEY", None)
+        if key is not None:
+            env["TURNSTREAM_PROXY_API_KEY"] = key
+        out = subprocess.run(
+            [sys.executable, "-m", "services.cli", "proxy", "--host", "0.0.0.0", "--port", str(free_port())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 2 and "proxy.api_key" in out.stderr, (
+            key,
+            out.returncode,
+            out.stderr[-1000:],
+        )
+
+    keys = tmp_path / "keys"
+    keys.write_text("# user key\nalice alice-key-0123456789abcdef\nbob   bob-key-0123456789abcdef  # bob\n")
+    keys.chmod(0o600)
+    proxy = StubProxy(kafka, redis_config, tmp_path, TURNSTREAM_PROXY_KEYS_FILE=str(keys))
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        chat = proxy.url + "/v1/chat/completions"
+        for auth in (None, "Bearer wrong-key-0123456789abcdef", "Basic alice-key-0123456789abcdef"):
+            headers = {"Authorization": auth} if auth else {}
+            for method, url in (
+                ("POST", chat),
+                ("GET", proxy.url + "/v1/models"),
+                ("GET", proxy.url + "/metrics"),
+            ):
+                r = httpx.request(
+                    method, url, json=body if method == "POST" else None, headers=headers, timeout=30
+                )
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (auth, url)
+                assert "stub" not in r.text
+        assert httpx.get(proxy.url + "/healthz", timeout=30).status_code == 200
+        for user in ("alice", "bob"):
+            headers = {"Authorization": f"Bearer {user}-key-0123456789abcdef"}
+            assert httpx.post(chat, json=body, headers=headers, timeout=30).status_code == 200
+            assert httpx.get(proxy.url + "/v1/models", headers=headers, timeout=30).status_code == 200
+            assert httpx.get(proxy.url + "/metrics", headers=headers, timeout=30).status_code == 200
     finally:
         proxy.proxy.stop()
         proxy.stub.stop()

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import psutil
 import pytest
@@ -132,7 +133,12 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
         wait_status(run_dir, proc, lambda s: s["down"] == [], timeout=600)
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) >= 9  # the nine services (SGLang and torch add helpers)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key="unused")
+        # The run made the proxy a key and printed it; without it the proxy answers 401.
+        key = re.search(r'api_key="([^"<]+)"', (run_dir / "run.out").read_text())
+        assert key, (run_dir / "run.out").read_text()[-2000:]
+        base_url = f"http://127.0.0.1:{proxy_port}/v1"
+        assert httpx.get(base_url + "/models", timeout=30).status_code == 401
+        client = openai.OpenAI(base_url=base_url, api_key=key.group(1))
         for question in ("What is 2+2?", "And 3+3?", "Thanks!"):
             client.chat.completions.create(
                 model="policy",
