@@ -50,7 +50,7 @@ from services.proxy.turns import (
 )
 from services.proxy.validation import PARSE_IN_THREAD_BYTES, BadInput, parse_chat, read_body
 from services.proxy.versions import ServedVersions
-from services.transport.resp import command
+from services.transport.resp import RedisReplyError, command
 from services.transport.sse import data_batches
 
 log = logging.getLogger("turnstream.proxy")
@@ -167,6 +167,26 @@ class ChatProxy:
 
     def authorized(self, request: Request) -> bool:
         return self.keys.user(request.headers.get("authorization")) is not None
+
+    async def not_owner(self, session_id: str, user: str) -> Response | None:
+        """With per-user keys a session is its first user's: another key can neither add a turn to it nor end it.
+        One Redis round trip before the engine is asked; when Redis cannot say, the request is refused."""
+        try:
+            async with asyncio.timeout(max(self.pc.redis_timeout_ms / 1000, 1.0)):
+                mine = await self.state.turn_numbers.claim(session_id, user)
+        except (OSError, TimeoutError, RedisReplyError):
+            return openai_error(
+                503,
+                "cannot check whose session this is right now; try again",
+                "server_error",
+                "owner_unknown",
+            )
+        if mine:
+            return None
+        REFUSED.labels("not_session_owner").inc()
+        return openai_error(
+            403, f"session {session_id!r} belongs to another user", "permission_error", "session_not_yours"
+        )
 
     def refusal(self) -> Response:
         return openai_error(401, "invalid or missing bearer token", "authentication_error", "invalid_api_key")
@@ -334,7 +354,8 @@ class ChatProxy:
 
     async def chat(self, request: Request) -> Response:
         created = time.time()
-        if not self.authorized(request):
+        user = self.keys.user(request.headers.get("authorization"))
+        if user is None:
             return self.refusal()
         try:
             raw_body = await read_body(request, self.pc.max_body_bytes)
@@ -357,6 +378,12 @@ class ChatProxy:
             return openai_error(exc.status, str(exc), "invalid_request_error", exc.code)
         except SessionError as exc:
             return openai_error(400, str(exc), "invalid_request_error", "invalid_session")
+        if self.keys.per_user:
+            body["user"] = user  # recorded as the key's user, whatever the client wrote
+            if session.session_id is not None and (session.turn_type == "main" or session.done):
+                refused = await self.not_owner(session.session_id, user)
+                if refused is not None:
+                    return refused
         headers: dict[str, str] = {}
         index: asyncio.Future[int | None] | None = None
         if session.turn_type == "side" and session.done and session.session_id is not None:

@@ -54,6 +54,9 @@ def read_keys_file(path: Path) -> dict[bytes, str]:
 class ProxyKeys:
     def __init__(self, api_key: str | None, keys_file: str) -> None:
         self.users: dict[bytes, str] = read_keys_file(Path(keys_file)) if keys_file else {}
+        self.per_user = bool(self.users)
+        """Users told apart: each session belongs to the user whose key started it, and a turn's ``user`` is the
+        key's user, not what the client wrote."""
         if api_key:
             self.users[_digest(api_key.encode())] = DEFAULT_USER
 

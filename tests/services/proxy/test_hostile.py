@@ -625,6 +625,20 @@ def test_the_proxy_needs_keys_beyond_loopback_and_each_key_names_a_user(
             assert httpx.post(chat, json=body, headers=headers, timeout=30).status_code == 200
             assert httpx.get(proxy.url + "/v1/models", headers=headers, timeout=30).status_code == 200
             assert httpx.get(proxy.url + "/metrics", headers=headers, timeout=30).status_code == 200
+        # A session is the user's whose key started it: another key can neither add to it nor end it.
+        alice = {"Authorization": "Bearer alice-key-0123456789abcdef", "X-Session-Id": "owned"}
+        bob = {**alice, "Authorization": "Bearer bob-key-0123456789abcdef"}
+        claims = {**body, "user": "mallory"}  # the recorded user is the key's, not what the client writes
+        assert httpx.post(chat, json=claims, headers=alice, timeout=30).status_code == 200
+        for headers in (bob, {**bob, "X-Turn-Type": "side", "X-Session-Done": "true"}):
+            r = httpx.post(chat, json=body, headers=headers, timeout=30)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "session_not_yours", r.text
+        assert httpx.post(chat, json=body, headers=alice, timeout=30).status_code == 200
+        owned = [t for t in asyncio.run(wait_for_turns(kafka, 4)) if t.session_id == "owned"]
+        assert [(t.turn_index, t.user) for t in sorted(owned, key=lambda t: t.turn_index)] == [
+            (1, "alice"),
+            (2, "alice"),
+        ]
     finally:
         proxy.proxy.stop()
         proxy.stub.stop()
