@@ -12,7 +12,7 @@ umask 077
 touch "$file"
 chmod 600 "$file"
 made=()
-for name in GRAFANA_ADMIN_PASSWORD CONSOLE_TOKEN PROXY_API_KEY; do
+for name in GRAFANA_ADMIN_PASSWORD CONSOLE_TOKEN PROXY_API_KEY ENGINE_API_KEY ENGINE_ADMIN_API_KEY; do
     if grep -q "^${name}=" "$file" || [[ -n "${!name:-}" ]]; then
         continue
     fi

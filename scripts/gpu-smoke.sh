@@ -42,6 +42,12 @@ export COMPOSE_PROJECT_NAME="$project" MODELS_DIR="$models" POLICY_MODEL=/models
 export POLICY_GPUS="${SMOKE_GPU:-0}" TRAINER_GPUS="${SMOKE_GPU:-0}" GPU="${SMOKE_GPU:-0}" POLICY_MEM_FRACTION=0.3
 export POLICY_SGLANG_ARGS="--dtype float32 --attention-backend triton --max-total-tokens 16384" REASONING_PARSER="${SMOKE_REASONING_PARSER:-qwen3}"
 export TURNSTREAM_NAMESPACE="smoke-$$." ROLLOUT_BATCH_SIZE=2 PROXY_PORT="${SMOKE_PROXY_PORT:-18000}"
+# The secrets scripts/compose-secrets.sh would write to .env, fresh for each smoke run (Grafana is not started, but
+# compose needs its password to read the file).
+secret() { head -c 18 /dev/urandom | base64 | tr '+/' '-_'; }
+export GRAFANA_ADMIN_PASSWORD="${GRAFANA_ADMIN_PASSWORD:-$(secret)}" CONSOLE_TOKEN="${CONSOLE_TOKEN:-$(secret)}"
+export PROXY_API_KEY="${PROXY_API_KEY:-$(secret)}" ENGINE_API_KEY="${ENGINE_API_KEY:-$(secret)}"
+export ENGINE_ADMIN_API_KEY="${ENGINE_ADMIN_API_KEY:-$(secret)}"
 files=(-f compose.yaml)
 [[ -z "${SMOKE_LORA:-}" ]] || files+=(-f compose.one-gpu.yaml)
 files+=(-f scripts/gpu/compose.fp32.yaml)  # what float32 needs of SGLang on a GPU (the file says why)

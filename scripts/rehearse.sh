@@ -72,6 +72,8 @@ export PROMETHEUS_PORT="${REHEARSE_PROMETHEUS_PORT:-19090}"
 export GRAFANA_ADMIN_PASSWORD="${GRAFANA_ADMIN_PASSWORD:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
 export CONSOLE_TOKEN="${CONSOLE_TOKEN:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
 export PROXY_API_KEY="${PROXY_API_KEY:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
+export ENGINE_API_KEY="${ENGINE_API_KEY:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
+export ENGINE_ADMIN_API_KEY="${ENGINE_ADMIN_API_KEY:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
 export ROLLOUT_BATCH_SIZE=2 TRAINER_CHECKPOINT_EVERY_STEPS=1 TURNSTREAM_LOG_LEVEL=INFO
 # SmolLM2's context is 8,192 tokens: a judge answer of combine's default 8,192 plus the prompt is refused by SGLang.
 # And SmolLM2 cannot follow the judge's prompt (its votes parse as no verdict and no hint, so nothing would train):
@@ -135,6 +137,14 @@ for layout in $LAYOUTS; do
         test "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$CONSOLE_PORT/api/sessions")" = 401
     checks verdict "the console serves its token" \
         curl -fsS -o /dev/null -H "Authorization: Bearer $CONSOLE_TOKEN" "http://127.0.0.1:$CONSOLE_PORT/api/sessions"
+    reach() {  # whether the service's container can open the policy server's health check
+        compose exec -T "$1" python -c \
+            'import urllib.request; urllib.request.urlopen("http://sglang-policy:30000/health", timeout=5)' \
+            >/dev/null 2>&1
+    }
+    checks verdict "the proxy reaches the policy server on the engines network" reach proxy
+    unreachable() { ! reach "$1"; }
+    checks verdict "the console, off that network, cannot" unreachable console
     sleep 20  # one scrape interval (15 s) after everything is up
     checks verdict "Prometheus answers and every target is up" targets_up
     checks in_network /rehearse/pipeline_check.py lineage

@@ -51,7 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--reasoning-parser", default="none", help="SGLang's reasoning parser, e.g. qwen3 (default none)"
     )
-    engine.add_argument("--api-key", default=None, help="clients must send this bearer token")
+    engine.add_argument(
+        "--api-key", default=None, help="clients must send this bearer token (default: engine.api_key)"
+    )
+    engine.add_argument(
+        "--admin-api-key",
+        default=None,
+        help="the only token weight updates, pauses and adapters take (default: engine.admin_api_key)",
+    )
     engine.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     engine.add_argument(
         "--max-total-tokens", type=int, default=16384, help="KV-cache tokens on the CPU (default 16384)"
@@ -297,7 +304,7 @@ def _topics(config: Config, args: argparse.Namespace) -> int:
 def _engine(args: argparse.Namespace) -> int:
     import shlex
 
-    from services.engine.launch import EngineOptions, exec_sglang, sglang_command
+    from services.engine.launch import EngineOptions, exec_sglang, refuse_without_keys, sglang_command
     from services.model_store import fetch_smollm2
 
     config = load_config(args.config)
@@ -310,7 +317,8 @@ def _engine(args: argparse.Namespace) -> int:
         weight_version=args.weight_version,
         tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
         reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
-        api_key=args.api_key,
+        api_key=args.api_key or config.engine.api_key,
+        admin_api_key=args.admin_api_key or config.engine.admin_api_key,
         threads=args.threads,
         max_total_tokens=args.max_total_tokens,
         device=args.device,
@@ -318,6 +326,9 @@ def _engine(args: argparse.Namespace) -> int:
         lora_targets=tuple(lora.target_modules),
         extra=tuple(args.sglang_args),
     )
+    if why := refuse_without_keys(opts):
+        print(f"turnstream engine: {why}", file=sys.stderr)
+        return 2
     try:
         if args.print_command:
             argv, env = sglang_command(opts)

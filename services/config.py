@@ -111,6 +111,13 @@ class EngineConfig(_Section):
 
     url: str = "http://127.0.0.1:30000"
     api_key: str | None = None
+    """SGLang's ``--api-key``: ``turnstream engine`` starts the engine with it and every turnstream client of the
+    policy engine sends it (generation, scoring, info). ``turnstream run`` makes one; compose takes
+    ``ENGINE_API_KEY``."""
+    admin_api_key: str | None = None
+    """SGLang's ``--admin-api-key``: the only key its admin routes take (weight updates, pauses, LoRA adapters,
+    cache flushes); the proxy's reloader sends it, no other service holds it. ``turnstream engine`` refuses to
+    listen beyond loopback without both keys."""
     timeout_s: PositiveFloat = 120.0
     retries: NonNegInt = 3
 
@@ -706,7 +713,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         raise ConfigError(f"{field or 'config'}{where}: {detail}") from None
 
 
-SECRET_FIELDS = ("api_key", "sasl_password")
+SECRET_FIELDS = ("api_key", "admin_api_key", "token", "sasl_password")
 
 
 def redacted(config: Config) -> dict[str, Any]:

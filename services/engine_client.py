@@ -151,25 +151,50 @@ def _error_text(raw: bytes) -> str:
     return str(body)[:500]
 
 
+ADMIN_PATHS = frozenset(
+    {
+        "/pause_generation",
+        "/continue_generation",
+        "/update_weights_from_disk",
+        "/load_lora_adapter",
+        "/unload_lora_adapter",
+    }
+)
+"""The routes this client calls that SGLang 0.5.23 marks ``AuthLevel.ADMIN_OPTIONAL`` (``http_server.py``): with
+``--admin-api-key`` set they take that key and only that key (``sglang/srt/utils/auth.py``,
+``decide_request_auth``); every other route takes ``--api-key``."""
+
+
+def _bearer(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 class EngineClient:
     def __init__(
         self,
         base_url: str,
         *,
         api_key: str | None = None,
+        admin_api_key: str | None = None,
         timeout_s: float = 120.0,
         retries: int = 3,
         backoff_s: float = 0.25,
         client: httpx.AsyncClient | None = None,
     ) -> None:
+        """``api_key`` is the engine's ``--api-key`` (generation, scoring, info); ``admin_api_key`` its
+        ``--admin-api-key``, sent only to ``ADMIN_PATHS`` (pauses, weight updates, adapters); without one those get
+        ``api_key``, which is what SGLang asks of them when it has no admin key."""
         self.base_url = base_url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = _bearer(api_key)
+        self.admin_headers = _bearer(admin_api_key or api_key)
         self.timeout = httpx.Timeout(timeout_s, connect=min(5.0, timeout_s))
         # Parsed once: URL parsing and header normalisation were a tenth of the proxy's per-request CPU.
         self._urls: dict[str, httpx.URL] = {}
         self._timeouts = self.timeout.as_dict()
         self._json_headers = httpx.Headers({**self.headers, "content-type": "application/json"})
         self._plain_headers = httpx.Headers(self.headers)
+        self._admin_json_headers = httpx.Headers({**self.admin_headers, "content-type": "application/json"})
+        self._admin_plain_headers = httpx.Headers(self.admin_headers)
         self._heads: dict[tuple[str, str, bool], tuple[tuple[str, str, int], bytes]] = {}
         self.retries = retries
         self.backoff_s = backoff_s
@@ -188,11 +213,15 @@ class EngineClient:
         url = self._urls.get(path)
         if url is None:
             url = self._urls[path] = httpx.URL(self.base_url + path)
+        if path in ADMIN_PATHS:
+            headers = self._admin_plain_headers if body is None else self._admin_json_headers
+        else:
+            headers = self._plain_headers if body is None else self._json_headers
         return httpx.Request(
             method,
             url,
             content=b"" if body is None else msgspec.json.encode(body),
-            headers=self._plain_headers if body is None else self._json_headers,
+            headers=headers,
             extensions={"timeout": self._timeouts},
         )
 
@@ -208,7 +237,7 @@ class EngineClient:
         head_key = (method, path, body is not None)
         head = self._heads.get(head_key)
         if head is None:
-            headers = dict(self.headers)
+            headers = dict(self.admin_headers if path in ADMIN_PATHS else self.headers)
             if body is not None:
                 headers["content-type"] = "application/json"
             head = self._heads[head_key] = request_head(method, httpx.URL(self.base_url + path), headers)

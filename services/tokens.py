@@ -1,4 +1,5 @@
-"""Secrets turnstream makes for itself when none is configured (the console's token, the proxy's first key): random,
+"""Secrets turnstream makes for itself when none is configured (the console's token, the proxy's first key, the
+engines' keys under ``turnstream run``): random,
 kept 0600 in the cache, so a restart keeps them and only the machine's user can read them."""
 
 from __future__ import annotations
@@ -48,3 +49,9 @@ def console_login_url(config: Config) -> str:
 def proxy_key() -> str:
     """The key ``turnstream run`` gives its proxy when none is configured, kept in the cache."""
     return stored_token(cache_dir() / "proxy-key")
+
+
+def engine_keys() -> tuple[str, str]:
+    """The engines' ``--api-key`` and ``--admin-api-key`` under ``turnstream run`` when none are configured, kept in
+    the cache (a restarted run's clients match an engine left over from before)."""
+    return stored_token(cache_dir() / "engine-api-key"), stored_token(cache_dir() / "engine-admin-key")

@@ -96,6 +96,11 @@ class RunningEngine:
 _early_engine: EngineProcess | None = None
 _early_lora_engine: EngineProcess | None = None
 LORA_ENV = {"TURNSTREAM_TRAINER_LORA_ENABLED": "true"}
+ENGINE_KEYS = {
+    "TURNSTREAM_ENGINE_API_KEY": "test-engine-api-key-0123456789",
+    "TURNSTREAM_ENGINE_ADMIN_API_KEY": "test-engine-admin-key-0123456789",
+}
+"""The LoRA engine's keys (``--api-key``, ``--admin-api-key``): its tests drive it as turnstream's own clients do."""
 
 
 def _start_engine() -> EngineProcess:
@@ -105,7 +110,9 @@ def _start_engine() -> EngineProcess:
 
 def _start_lora_engine() -> EngineProcess:
     log = open(os.path.join(tempfile.gettempdir(), "turnstream-test-lora-engine.log"), "w")
-    return EngineProcess(fetch_smollm2(log=False), "--lora", log=log, env=LORA_ENV, wait=False)
+    return EngineProcess(
+        fetch_smollm2(log=False), "--lora", log=log, env={**LORA_ENV, **ENGINE_KEYS}, wait=False
+    )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -26,7 +26,12 @@ OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer"
 def resolve(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("POLICY_", "TRAINER_", "COMPOSE_"))}
     # what scripts/compose-secrets.sh writes to .env
-    secrets = {"GRAFANA_ADMIN_PASSWORD": "test-password", "PROXY_API_KEY": "test-proxy-key-0123456789"}
+    secrets = {
+        "GRAFANA_ADMIN_PASSWORD": "test-password",
+        "PROXY_API_KEY": "test-proxy-key-0123456789",
+        "ENGINE_API_KEY": "test-engine-key-0123456789",
+        "ENGINE_ADMIN_API_KEY": "test-engine-admin-key-0123456789",
+    }
     return subprocess.run(
         ["bash", "scripts/compose-config.sh", *files],
         cwd=REPO,
@@ -554,7 +559,7 @@ def test_grafana_has_no_default_password_and_no_anonymous_access(
     grafana = default["services"]["grafana"]["environment"]
     assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == "test-password"
     assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
-    for secret in ("GRAFANA_ADMIN_PASSWORD", "PROXY_API_KEY"):
+    for secret in ("GRAFANA_ADMIN_PASSWORD", "PROXY_API_KEY", "ENGINE_API_KEY", "ENGINE_ADMIN_API_KEY"):
         out = resolve(**{secret: ""})
         assert out.returncode != 0 and "compose-secrets.sh" in out.stderr, out.stderr[-2000:]
     # The script writes it (and the console's token) once, 0600, and keeps what is there.
@@ -576,7 +581,48 @@ def test_grafana_has_no_default_password_and_no_anonymous_access(
     first = env_file.read_text()
     assert re.search(r"^GRAFANA_ADMIN_PASSWORD=[A-Za-z0-9_-]{24,}$", first, re.M), first
     assert re.search(r"^CONSOLE_TOKEN=[A-Za-z0-9_-]{24,}$", first, re.M), first
-    assert re.search(r"^PROXY_API_KEY=[A-Za-z0-9_-]{24,}$", first, re.M), first
+    for name in ("PROXY_API_KEY", "ENGINE_API_KEY", "ENGINE_ADMIN_API_KEY"):
+        assert re.search(rf"^{name}=[A-Za-z0-9_-]{{24,}}$", first, re.M), first
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     again = make_secrets()
     assert again.returncode == 0 and env_file.read_text() == first
+
+
+@pytest.mark.parametrize("layout", [("compose.yaml",), ("compose.yaml", "compose.one-gpu.yaml")])
+def test_the_engines_take_both_keys_on_an_internal_network_and_only_the_proxy_holds_the_admin_key(
+    layout: tuple[str, ...],
+) -> None:
+    """Issue 32, item 3: both SGLang servers started without keys on the network every container shares, so any
+    container could load weights from any path, load adapters or pause generation. Now each takes both keys, sits
+    on the internal ``engines`` network with no published port, and only the services that ask it join that
+    network; the admin key reaches the proxy alone."""
+    out = resolve(*layout, COMPOSE_PROFILES="judge-alt")
+    assert out.returncode == 0, out.stderr
+    project = json.loads(out.stdout)
+    services = project["services"]
+    assert any(net.get("internal") for name, net in project["networks"].items() if name.endswith("engines"))
+    engines = [name for name in ("sglang-policy", "sglang-teacher") if name in services]
+    assert engines == (
+        ["sglang-policy"] if "compose.one-gpu.yaml" in layout else ["sglang-policy", "sglang-teacher"]
+    )
+    for name in engines:
+        cmd = services[name]["command"]
+        cmd = shlex.split(cmd) if isinstance(cmd, str) else cmd
+        assert cmd[cmd.index("--api-key") + 1] == "test-engine-key-0123456789", name
+        assert cmd[cmd.index("--admin-api-key") + 1] == "test-engine-admin-key-0123456789", name
+        assert set(services[name]["networks"]) == {"engines"} and not services[name].get("ports"), name
+    for name in ("proxy", "judge", "judge-alt", "teacher", "eval", "prometheus"):
+        assert "engines" in services[name]["networks"], f"{name} asks an engine"
+    for name in ("pairer", "dispatcher", "trainer", "console", "grafana", "kafka", "redis"):
+        assert "engines" not in services[name].get("networks", {}), f"{name} needs no engine"
+    for name in (*OURS, "judge-alt"):
+        env = {k: v for k, v in services[name]["environment"].items() if v is not None}
+        config = load_config(env=env)
+        assert config.engine.admin_api_key == (
+            "test-engine-admin-key-0123456789" if name == "proxy" else None
+        )
+        if name in ("proxy", "eval"):
+            assert config.engine.api_key == "test-engine-key-0123456789", name
+    for name, section in (("judge", "judge"), ("judge-alt", "judge"), ("teacher", "teacher")):
+        env = {k: v for k, v in services[name]["environment"].items() if v is not None}
+        assert getattr(load_config(env=env), section).api_key == "test-engine-key-0123456789", name

@@ -29,6 +29,10 @@ from services.engine_client import adapter_name
 PROXY = os.environ.get("SMOKE_PROXY_URL", "http://proxy:8000")
 ENGINE = os.environ.get("SMOKE_ENGINE_URL", "http://sglang-policy:30000")
 TOL = float(os.environ.get("SMOKE_LOGPROB_TOL", "1e-3"))
+# The keys compose gives the proxy's container, where this runs: the proxy's, and the engine's API key (never its
+# admin key: only the reloader updates weights).
+PROXY_AUTH = {"Authorization": f"Bearer {os.environ.get('TURNSTREAM_PROXY_API_KEY', '')}"}
+ENGINE_AUTH = {"Authorization": f"Bearer {os.environ.get('TURNSTREAM_ENGINE_API_KEY', '')}"}
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 failed = False
 
@@ -56,12 +60,12 @@ async def prefill(http: httpx.AsyncClient, prompt: list[int], response: list[int
         "return_logprob": True,
         "logprob_start_len": len(prompt) - 1,
     }
-    data = (await http.post(ENGINE + "/generate", json=body)).json()
+    data = (await http.post(ENGINE + "/generate", json=body, headers=ENGINE_AUTH)).json()
     return [e[0] for e in data["meta_info"]["input_token_logprobs"][1:]]
 
 
 async def chat(http: httpx.AsyncClient, session: str, body: dict[str, Any]) -> str:
-    headers = {"X-Session-Id": session, "X-Turn-Type": "main"}
+    headers = {**PROXY_AUTH, "X-Session-Id": session, "X-Turn-Type": "main"}
     if not body.get("stream"):
         r = await http.post(PROXY + "/v1/chat/completions", json=body, headers=headers)
         r.raise_for_status()
@@ -86,7 +90,9 @@ async def turns_check() -> None:
         if failed:
             return
         direct = (
-            await http.post(ENGINE + "/v1/chat/completions", json={**plain, "return_token_ids": True})
+            await http.post(
+                ENGINE + "/v1/chat/completions", json={**plain, "return_token_ids": True}, headers=ENGINE_AUTH
+            )
         ).json()["choices"][0]
         t = turns["smoke-plain"]
         check(
@@ -132,11 +138,14 @@ async def served_check(version: int) -> None:
         info: Any = {}
         while time.monotonic() < deadline:
             if lora:
-                info = [m["id"] for m in (await http.get(ENGINE + "/v1/models")).json()["data"]]
+                info = [
+                    m["id"]
+                    for m in (await http.get(ENGINE + "/v1/models", headers=ENGINE_AUTH)).json()["data"]
+                ]
                 if adapter_name(version) in info:
                     break
             else:
-                info = (await http.get(ENGINE + "/model_info")).json()
+                info = (await http.get(ENGINE + "/model_info", headers=ENGINE_AUTH)).json()
                 if str(info.get("weight_version")) == str(version):
                     break
             await asyncio.sleep(1)

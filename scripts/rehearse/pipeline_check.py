@@ -98,7 +98,10 @@ async def engine() -> None:
         str({w.format for w in published}),
     )
     url = config.engine.url  # the proxy's engine: this check runs in its container
-    async with httpx.AsyncClient(timeout=30) as http:
+    auth = {
+        "Authorization": f"Bearer {config.engine.api_key}"
+    }  # compose gives the proxy the engine's API key
+    async with httpx.AsyncClient(timeout=30, headers=auth) as http:
         deadline = time.monotonic() + 300
         while True:
             # the trainer goes on publishing: the newest asked for, or one published since, counts
@@ -114,6 +117,14 @@ async def engine() -> None:
             await asyncio.sleep(3)
     what = "as a LoRA adapter beside the base" if config.lora_adapters else "from the shared volume"
     check(ok, f"the policy server holds version {newest.version} or newer {what} ({served})", "")
+    # Its admin routes take the admin key alone, which only the proxy's reloader sends (issue 32, item 3).
+    async with httpx.AsyncClient(timeout=30) as http:
+        update = {"model_path": "/models", "weight_version": "999"}
+        codes = [
+            (await http.post(url + "/update_weights_from_disk", json=update, headers=headers)).status_code
+            for headers in ({}, {"Authorization": f"Bearer {config.engine.api_key}"})
+        ]
+    check(codes == [401, 401], "the policy server refuses a weight update without its admin key", str(codes))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import IO, Literal
 
 from services.config import LORA_TARGETS
 from services.launch import ServiceProcess, free_port
+from services.transport.addresses import is_loopback
 
 __all__ = ["SGLANG_VERSION", "EngineOptions", "EngineProcess", "free_port", "sglang_command"]
 
@@ -57,6 +58,9 @@ class EngineOptions:
     ``<tool_call>`` format) is inert for models that never write it."""
     reasoning_parser: str | None = None
     api_key: str | None = None
+    """``--api-key``: generation, scoring and info need it (``engine.api_key``)."""
+    admin_api_key: str | None = None
+    """``--admin-api-key``: weight updates, pauses and adapters need it, and only it (``engine.admin_api_key``)."""
     threads: int = 1
     max_total_tokens: int | None = 16384
     """KV-cache tokens on the CPU (about 4.5 GB of memory for the whole server with SmolLM2); None on a GPU lets
@@ -112,6 +116,8 @@ def sglang_command(opts: EngineOptions, python: str | None = None) -> tuple[list
         argv += ["--reasoning-parser", opts.reasoning_parser]
     if opts.api_key:
         argv += ["--api-key", opts.api_key]
+    if opts.admin_api_key:
+        argv += ["--admin-api-key", opts.admin_api_key]
     if opts.lora_rank:  # strict: an adapter whose names or shapes do not match is refused, not half applied
         argv += ["--enable-lora", "--max-lora-rank", str(opts.lora_rank), "--lora-strict-loading"]
         argv += ["--lora-target-modules", *opts.lora_targets]
@@ -131,6 +137,17 @@ def sglang_command(opts: EngineOptions, python: str | None = None) -> tuple[list
         }
     argv += list(opts.extra)
     return argv, env
+
+
+def refuse_without_keys(opts: EngineOptions) -> str | None:
+    """Why the engine must not start, or None: beyond loopback without both keys, anyone who reaches the port
+    could load weights from any path, load adapters or pause generation for everyone."""
+    if is_loopback(opts.host) or (opts.api_key and opts.admin_api_key):
+        return None
+    return (
+        f"SGLang would take weight updates and adapters from anyone who reaches {opts.host}: set engine.api_key "
+        "and engine.admin_api_key (TURNSTREAM_ENGINE_API_KEY, TURNSTREAM_ENGINE_ADMIN_API_KEY), or bind 127.0.0.1"
+    )
 
 
 def exec_sglang(opts: EngineOptions) -> None:

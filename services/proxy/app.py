@@ -831,8 +831,13 @@ async def build_state(config: Config) -> ProxyState:
 
         root = Path(pc.weights_root) if pc.weights_root else cache_dir() / "weights"
         # Its own client: a load is not retried blindly (it checks /model_info instead) and may take minutes.
+        # The only holder of the admin key: weight updates, pauses and adapters take nothing else.
         loader = EngineClient(
-            config.engine.url, api_key=config.engine.api_key, timeout_s=pc.reload_timeout_s, retries=0
+            config.engine.url,
+            api_key=config.engine.api_key,
+            admin_api_key=config.engine.admin_api_key,
+            timeout_s=pc.reload_timeout_s,
+            retries=0,
         )
 
         async def held(version: int) -> bool:  # PTTL: -2 no such key, else the milliseconds it has left

@@ -8,10 +8,11 @@ looked up by their SHA-256, so comparing a presented key costs the same whatever
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
 import stat
 from pathlib import Path
+
+from services.transport.addresses import is_loopback
 
 log = logging.getLogger("turnstream.proxy")
 
@@ -75,16 +76,6 @@ class ProxyKeys:
         if scheme.lower() != "bearer":
             return None
         return self.users.get(_digest(token.strip().encode()))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a bind address or name) reaches only this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def refuse_without_keys(host: str, keys: ProxyKeys) -> str | None:

@@ -144,13 +144,18 @@ def _import(config: Config, args: argparse.Namespace) -> int:
         if any(isinstance(r, OpenClawRecord) for r in records):
             path = args.tokenizer
             if not path:
-                info = await EngineClient(engine_url).model_info()
+                info = await EngineClient(engine_url, api_key=config.engine.api_key).model_info()
                 path = str(info.get("tokenizer_path") or info.get("model_path") or "")
             if not path:
                 raise ValueError("give --tokenizer: the engine does not say where its model is")
             tokenizer = await asyncio.to_thread(_tokenizer, path)
         return await import_sessions(
-            kafka, args.input, engine_url=engine_url, tokenizer=tokenizer, skip_bad=args.skip_bad
+            kafka,
+            args.input,
+            engine_url=engine_url,
+            engine_api_key=config.engine.api_key,
+            tokenizer=tokenizer,
+            skip_bad=args.skip_bad,
         )
 
     _print(asyncio.run(run()))

@@ -87,6 +87,7 @@ async def import_sessions(
     path: str,
     *,
     engine_url: str | None = None,
+    engine_api_key: str | None = None,
     tokenizer: Any = None,
     skip_bad: bool = False,
 ) -> ImportSummary:
@@ -106,7 +107,7 @@ async def import_sessions(
                 f"{len(foreign)} OpenClaw records carry no token ids or log-probs: give the policy engine's URL "
                 "(--engine-url) so they can be tokenized and scored"
             )
-        turns += await _rescore(foreign, EngineClient(engine_url), tokenizer)
+        turns += await _rescore(foreign, EngineClient(engine_url, api_key=engine_api_key), tokenizer)
     await create_topics(kafka)
     async with EventProducer(kafka, client_id=f"{kafka.client_id}-replay-import") as producer:
         await publish_turns(producer, turns)

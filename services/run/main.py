@@ -27,7 +27,7 @@ from services.model_store import cache_dir
 from services.run.plan import plan
 from services.run.progress import Progress, scrape
 from services.supervisor import StartupFailed, Supervisor, tail
-from services.tokens import console_login_url, proxy_key
+from services.tokens import console_login_url, engine_keys, proxy_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,6 +100,16 @@ async def run_pipeline(
     if not config.proxy.api_key and not config.proxy.keys_file:  # a key of its own, kept for the next run
         proxy = msgspec.structs.replace(config.proxy, api_key=proxy_key())
         config = msgspec.structs.replace(config, proxy=proxy)
+    if not (
+        config.engine.api_key and config.engine.admin_api_key
+    ):  # nobody else on the host drives the engines
+        api_key, admin_api_key = engine_keys()
+        engine = msgspec.structs.replace(
+            config.engine,
+            api_key=config.engine.api_key or api_key,
+            admin_api_key=config.engine.admin_api_key or admin_api_key,
+        )
+        config = msgspec.structs.replace(config, engine=engine)
     services = plan(config, model, config_path, str(run_dir))
     supervisor = Supervisor(services, run_dir, rc.startup_timeout_s)
     _say(f"starting {', '.join(s.name for s in services)} (logs in {run_dir})")

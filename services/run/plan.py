@@ -26,6 +26,16 @@ def plan(
     shared = {"TURNSTREAM_TRAINER_LORA_ENABLED": "true"} if config.trainer.lora.enabled else {}
     if config.proxy.api_key:  # the proxy checks it and the simulated users send it
         shared["TURNSTREAM_PROXY_API_KEY"] = config.proxy.api_key
+    if config.engine.api_key:  # both engines take it; every client of theirs sends it
+        for section in ("ENGINE", "JUDGE", "TEACHER"):
+            shared[f"TURNSTREAM_{section}_API_KEY"] = config.engine.api_key
+    # The admin key (weight updates, pauses, adapters) only for the engines, which check it, and the proxy, whose
+    # reloader sends it.
+    admin = (
+        {"TURNSTREAM_ENGINE_ADMIN_API_KEY": config.engine.admin_api_key}
+        if config.engine.admin_api_key
+        else {}
+    )
     metrics = {
         name: rc.metrics_port_base + i
         for i, name in enumerate(("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate", "eval"))
@@ -43,7 +53,9 @@ def plan(
             "--served-model-name",
             served,
         ]
-        return Service(name, base + args + (["--lora"] if one_engine else []), shared, port, "/health", 0)
+        return Service(
+            name, base + args + (["--lora"] if one_engine else []), {**shared, **admin}, port, "/health", 0
+        )
 
     def worker(name: str, args: list[str], stage: int = 2, stop_timeout_s: float = 30.0) -> Service:
         port = metrics[name]
@@ -59,7 +71,7 @@ def plan(
         Service(
             "proxy",
             [*base, "proxy", "--host", "127.0.0.1", "--engine-url", engine_url],
-            shared,
+            {**shared, **admin},
             config.proxy.port,
             "/healthz",
             1,

@@ -3,12 +3,19 @@ backoff, sampled generations only when the request never reached the engine."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from services.engine_client import EngineClient, EngineError, parse_chat_result
+from services.engine.launch import sglang_python
+from services.engine_client import ADMIN_PATHS, EngineClient, EngineError, parse_chat_result
 
 
 def scripted(
@@ -123,3 +130,73 @@ def test_chat_results_parse_sglangs_ids_and_label_a_straddling_response_with_its
     assert parse_chat_result(data).weight_version == "0", "SGLang's 'default' is the starting weights"
     del data["metadata"]
     assert parse_chat_result(data).weight_version is None
+
+
+def sglang_file(relative: str) -> Path:
+    """A source file of the SGLang the engines run (``scripts/setup-sglang.sh``), found without importing it."""
+    code = "import importlib.util as u; print(u.find_spec('sglang').submodule_search_locations[0])"
+    out = subprocess.run([sglang_python(), "-c", code], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip()) / relative
+
+
+def sglang_auth() -> tuple[Any, dict[str, str]]:
+    """SGLang 0.5.23's own auth decision (``sglang/srt/utils/auth.py``, which imports nothing heavy) and each
+    route's auth level as ``http_server.py`` declares it."""
+    spec = importlib.util.spec_from_file_location("sglang_auth", sglang_file("srt/utils/auth.py"))
+    assert spec is not None and spec.loader is not None
+    auth = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("sglang_auth", auth)  # its dataclasses look their module up
+    spec.loader.exec_module(auth)
+    server = sglang_file("srt/entrypoints/http_server.py").read_text()
+    routes = re.findall(r'@app\.\w+\(\s*"([^"]+)"[^\n]*\n@auth_level\(AuthLevel\.(\w+)\)', server)
+    return auth, dict(routes)
+
+
+async def test_each_route_gets_the_key_sglang_asks_for() -> None:
+    """Issue 32, item 3: with ``--api-key`` and ``--admin-api-key`` both set, SGLang's admin routes take only the
+    admin key and every other route only the API key. Each call the client makes is judged by SGLang's own
+    ``decide_request_auth``; a client holding the API key alone is refused every admin route."""
+    auth, levels = sglang_auth()
+    assert levels["/update_weights_from_disk"] == "ADMIN_OPTIONAL"
+    refused: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        decision = auth.decide_request_auth(
+            method=request.method,
+            path=path,
+            authorization_header=request.headers.get("authorization"),
+            api_key="api-key-0123456789",
+            admin_api_key="admin-key-0123456789",
+            auth_level=auth.AuthLevel[levels.get(path, "NORMAL")],
+        )
+        if not decision.allowed:
+            refused.append(path)
+            return httpx.Response(decision.error_status_code, json={"error": "Unauthorized"})
+        if path == "/generate":
+            return ok_score(request)
+        return httpx.Response(200, json={"success": True, "data": [], "weight_version": "0"})
+
+    async def every_call(client: EngineClient) -> None:
+        await client.model_info()
+        await client.models()
+        await client.score([1, 2, 3], [4, 5])
+        await client.chat_raw({"messages": []})
+        await client.pause_generation()
+        await client.update_weights_from_disk("/w/v1", 1)
+        await client.continue_generation()
+        await client.load_lora_adapter("a", "/w/v1")
+        await client.unload_lora_adapter("a")
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    keyed = EngineClient(
+        "http://engine", api_key="api-key-0123456789", admin_api_key="admin-key-0123456789", client=http
+    )
+    await every_call(keyed)
+    assert refused == []
+    called_admin = {p for p, level in levels.items() if level != "NORMAL"} & ADMIN_PATHS
+    assert called_admin == ADMIN_PATHS, "every path the client treats as admin is one in SGLang"
+    api_only = EngineClient("http://engine", api_key="api-key-0123456789", client=http, retries=0)
+    with pytest.raises(EngineError) as info:
+        await api_only.pause_generation()
+    assert info.value.status == 401 and refused == ["/pause_generation"]

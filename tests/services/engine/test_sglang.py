@@ -5,6 +5,7 @@ log-probs (complete up to the final EOS), and the version and parser report of `
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,27 @@ def test_the_cpu_command_has_the_cpu_flags_and_the_standin_and_the_gpu_command_n
     assert not {flag for flag in CPU_FLAGS if flag.startswith("--")} & set(gpu)
     assert "--max-total-tokens" not in gpu
     assert "SGLANG_USE_CPU_ENGINE" not in gpu_env and "PYTHONPATH" not in gpu_env
+
+
+def test_the_engine_takes_both_keys_and_refuses_to_listen_beyond_loopback_without_them() -> None:
+    """Issue 32, item 3: an engine reachable without keys lets anyone load weights from any path, load adapters or
+    pause generation, bypassing the proxy's checks."""
+    env = {**os.environ, "TURNSTREAM_SGLANG_PYTHON": sys.executable}
+    for key in ("TURNSTREAM_ENGINE_API_KEY", "TURNSTREAM_ENGINE_ADMIN_API_KEY", "SGLANG_API_KEY"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "services.cli", "engine", "--model", "/models/m", "--print-command"]
+    for extra in ([], ["--api-key", "k" * 20]):  # an API key alone leaves the admin routes on it
+        out = subprocess.run([*cmd, "--host", "0.0.0.0", *extra], env=env, capture_output=True, text=True)
+        assert out.returncode == 2 and "engine.admin_api_key" in out.stderr, out.stderr
+    keys = {"TURNSTREAM_ENGINE_API_KEY": "a" * 20, "TURNSTREAM_ENGINE_ADMIN_API_KEY": "b" * 20}
+    out = subprocess.run([*cmd, "--host", "0.0.0.0"], env={**env, **keys}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    argv = out.stdout.split()
+    assert (
+        argv[argv.index("--api-key") + 1] == "a" * 20 and argv[argv.index("--admin-api-key") + 1] == "b" * 20
+    )
+    local = subprocess.run([*cmd, "--host", "127.0.0.1"], env=env, capture_output=True, text=True)
+    assert local.returncode == 0 and "--api-key" not in local.stdout, local.stderr
 
 
 def test_the_kernel_standin_imports_anything_and_refuses_every_call() -> None:

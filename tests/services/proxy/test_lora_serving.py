@@ -23,13 +23,15 @@ from services.engine_client import EngineClient, adapter_name
 from services.eval.worker import Evaluator
 from services.personas import by_name
 from services.trainer.checkpoints import TrainerStore
-from tests.conftest import LORA_ENV
+from tests.conftest import ENGINE_KEYS, LORA_ENV
 from tests.metrics import scraped
 from tests.samples import random_rl_samples
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
 
 pytestmark = pytest.mark.integration
 
+API_KEY = ENGINE_KEYS["TURNSTREAM_ENGINE_API_KEY"]
+ENGINE_AUTH = {"Authorization": f"Bearer {API_KEY}"}
 BODY = {
     "messages": [{"role": "user", "content": "Name three colours."}],
     "max_tokens": 10,
@@ -89,7 +91,7 @@ async def publish(kafka: KafkaConfig, version: int, path: Path, fmt: str = "peft
 
 
 async def adapters(http: httpx.AsyncClient, url: str) -> set[str]:
-    data = (await http.get(url + "/v1/models")).json()["data"]
+    data = (await http.get(url + "/v1/models", headers=ENGINE_AUTH)).json()["data"]
     return {m["id"] for m in data if m.get("parent")}
 
 
@@ -108,12 +110,22 @@ async def test_adapter_versions_are_served_labelled_and_retired(
         {
             **proxy_env,
             **LORA_ENV,
+            **ENGINE_KEYS,
             "TURNSTREAM_ENGINE_URL": lora_engine.url,
             "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(trained["root"]),
         }
     )
     try:
         async with httpx.AsyncClient(timeout=300) as http:
+            # The engine started with both keys (issue 32, item 3): nothing without the API key, and its admin
+            # routes only with the admin key, which the proxy's reloader sends for the loads below.
+            plain = await http.post(lora_engine.url + "/v1/chat/completions", json=BODY)
+            assert plain.status_code == 401, plain.text
+            for auth in ({}, ENGINE_AUTH):
+                hijack = {"lora_name": "mine", "lora_path": str(trained["paths"][1])}
+                r = await http.post(lora_engine.url + "/load_lora_adapter", json=hijack, headers=auth)
+                assert r.status_code == 401, r.text
+            assert (await http.get(lora_engine.url + "/health")).status_code == 200  # probes need no key
             chat = proxy.url + "/v1/chat/completions"
             base = await http.post(chat, json=BODY, headers={"X-Session-Id": "a"})
             assert base.status_code == 200, base.text
@@ -133,7 +145,7 @@ async def test_adapter_versions_are_served_labelled_and_retired(
             streamed = await http.post(chat, json={**BODY, "stream": True}, headers={"X-Session-Id": "s"})
             assert streamed.status_code == 200 and "[DONE]" in streamed.text
             # The judge's and the teacher's requests name no adapter: the base model answers them.
-            direct = await http.post(lora_engine.url + "/v1/chat/completions", json=BODY)
+            direct = await http.post(lora_engine.url + "/v1/chat/completions", json=BODY, headers=ENGINE_AUTH)
             assert direct.json()["choices"][0]["message"] == base.json()["choices"][0]["message"]
 
             await publish(kafka, 2, paths[2])
@@ -150,7 +162,12 @@ async def test_adapter_versions_are_served_labelled_and_retired(
             assert named.json()["choices"][0]["message"] == two.json()["choices"][0]["message"]
             # turnstream eval evaluates the newest adapter, asking it by name: its answers are the adapter's.
             evaluator = Evaluator(
-                EngineClient(lora_engine.url), by_name(None), ["Name three colours."], 10, 1, True
+                EngineClient(lora_engine.url, api_key=API_KEY),
+                by_name(None),
+                ["Name three colours."],
+                10,
+                1,
+                True,
             )
             served = await evaluator.served()
             assert served is not None and served[0] == 2

@@ -98,3 +98,18 @@ def test_lora_runs_one_engine_for_the_policy_the_judge_and_the_teacher() -> None
         env={"TURNSTREAM_TRAINER_LORA_ENABLED": "1", "TURNSTREAM_TRAINER_LORA_PUBLISH": "merged"}
     )
     assert "teacher-engine" in {s.name for s in plan(merged, "/m")}, "merged weights: served as full weights"
+
+
+def test_every_engine_takes_keys_and_only_the_proxy_holds_the_admin_key() -> None:
+    """Issue 32, item 3: both SGLang servers started without keys, so any local user could load weights from any
+    path or pause generation. With the run's keys, each engine gets both, every client of theirs the API key, and
+    the admin key (weight updates, pauses, adapters) reaches only the engines and the proxy's reloader."""
+    config = load_config(
+        env={"TURNSTREAM_ENGINE_API_KEY": "a" * 32, "TURNSTREAM_ENGINE_ADMIN_API_KEY": "b" * 32}
+    )
+    by = {s.name: s for s in plan(config, "/m")}
+    for name, service in by.items():
+        configured = load_config(env=service.env)  # what the service reads from its environment
+        holds_admin = name in ("engine", "teacher-engine", "proxy")
+        assert configured.engine.admin_api_key == ("b" * 32 if holds_admin else None), name
+        assert configured.engine.api_key == configured.judge.api_key == configured.teacher.api_key == "a" * 32

@@ -25,6 +25,7 @@ from services.config import KafkaConfig, RedisConfig, load_config
 from services.launch import free_port, free_port_block
 from services.personas import heldout_questions
 from services.run.plan import plan
+from services.tokens import engine_keys
 from tests.browser import check_console
 
 # Two SGLang servers start in each run: 2-3 minutes of the two cores before the first turn.
@@ -124,10 +125,11 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     in a browser; SIGTERM stops it all cleanly (exit code 0, no process left). One run does all of it: each
     starts two SGLang servers, minutes on two cores. (A SIGKILL of the run leaving no orphan: test_launch.py.)"""
     run_dir = tmp_path / "run"
-    proxy_port = free_port()
+    proxy_port, engine_ports = free_port(), (free_port(), free_port())
     proc = start_run(
         kafka, redis_config, smollm2_path, tmp_path, run_dir, proxy_port, "--simulate", "2",
         TURNSTREAM_TRAINER_ROLLOUT_BATCH_SIZE="4", TURNSTREAM_EVAL_MAX_TOKENS="8",
+        TURNSTREAM_RUN_ENGINE_PORT=str(engine_ports[0]), TURNSTREAM_RUN_TEACHER_ENGINE_PORT=str(engine_ports[1]),
     )  # fmt: skip
     try:
         wait_status(run_dir, proc, lambda s: s["down"] == [], timeout=600)
@@ -138,6 +140,23 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
         assert key, (run_dir / "run.out").read_text()[-2000:]
         base_url = f"http://127.0.0.1:{proxy_port}/v1"
         assert httpx.get(base_url + "/models", timeout=30).status_code == 401
+        # Both SGLang servers take the run's keys (issue 32, item 3): nothing without one, and their admin routes
+        # (here a weight update from any path) only with the admin key, which only the proxy holds.
+        api_key, admin_key = engine_keys()
+        for port in engine_ports:
+            engine_url = f"http://127.0.0.1:{port}"
+            update = {"model_path": str(tmp_path), "weight_version": "9"}
+            for key in (None, api_key):
+                auth = {"Authorization": f"Bearer {key}"} if key else {}
+                r = httpx.post(
+                    engine_url + "/update_weights_from_disk", json=update, headers=auth, timeout=30
+                )
+                assert r.status_code == 401, (port, key is None, r.text)
+            assert httpx.get(engine_url + "/v1/models", timeout=30).status_code == 401
+            auth = {"Authorization": f"Bearer {api_key}"}
+            assert httpx.get(engine_url + "/v1/models", headers=auth, timeout=30).status_code == 200
+            auth = {"Authorization": f"Bearer {admin_key}"}
+            assert httpx.get(engine_url + "/v1/models", headers=auth, timeout=30).status_code == 401
         client = openai.OpenAI(base_url=base_url, api_key=key.group(1))
         for question in ("What is 2+2?", "And 3+3?", "Thanks!"):
             client.chat.completions.create(
