@@ -50,9 +50,10 @@ class TopicSpec(msgspec.Struct, frozen=True):
     def name(self, namespace: str = "") -> str:
         return topic_name(self.base, namespace)
 
-    def configs(self) -> dict[str, str]:
+    def configs(self, retention_ms: int | None = None) -> dict[str, str]:
+        """The topic's Kafka configs; ``retention_ms`` overrides the spec's (``kafka.retention_days``)."""
         cfg = {
-            "retention.ms": str(self.retention_ms),
+            "retention.ms": str(self.retention_ms if retention_ms is None else retention_ms),
             "max.message.bytes": str(MAX_MESSAGE_BYTES),
             "cleanup.policy": "compact" if self.compacted else "delete",
         }

@@ -40,7 +40,8 @@ java_cmd() {
 }
 
 write_config() {
-    mkdir -p "$RUN"
+    umask 077  # its data is people's conversations: the owner's only
+    mkdir -p "$RUN" && chmod 700 "$RUN"
     cat > "$RUN/server.properties" <<CONF
 process.roles=broker,controller
 node.id=1

@@ -23,7 +23,8 @@ answers() { [[ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" == 
 start() {
     install
     if answers; then log "Redis already answering on 127.0.0.1:$REDIS_PORT"; return 0; fi
-    mkdir -p "$RUN"
+    umask 077  # its data is people's conversations: the owner's only
+    mkdir -p "$RUN" && chmod 700 "$RUN"
     local t0; t0=$(date +%s%N)
     redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --protected-mode yes --daemonize yes \
         --dir "$RUN" --pidfile "$RUN/redis.pid" --logfile "$RUN/redis.log" \

@@ -19,6 +19,7 @@ from msgspec import Meta
 
 from schemas import normalize_namespace
 from schemas.modes import MODES, UnknownMode, mode_spec
+from schemas.topics import ALL_TOPICS, BY_BASE, DAY_MS
 from services.plugins import PluginError, import_modules
 
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -63,11 +64,16 @@ class KafkaConfig(_Section):
     connect_wait_s: NonNegFloat = 300.0
     """How long a service keeps retrying when the broker is unreachable as it starts (a broker restarting, or
     started after the services) before it gives up; 0: fail at once."""
+    retention_days: list[str] = msgspec.field(default_factory=list)
+    """How long each topic keeps records, overriding the defaults (README, "Topics"): entries ``<topic>=<days>``,
+    ``-1`` for forever, e.g. ``turns=365,samples=14`` (``TURNSTREAM_KAFKA_RETENTION_DAYS``). ``turnstream topics
+    create`` applies them to existing topics too. ``weights`` always keeps its latest version."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap.strip():
             raise ValueError("bootstrap: must name at least one host:port")
         self.namespace = normalize_namespace(self.namespace)
+        self.retention_ms()  # refuses a malformed entry now, not when topics are created
         sasl = self.security_protocol.startswith("SASL_")
         if sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
             raise ValueError(
@@ -84,6 +90,24 @@ class KafkaConfig(_Section):
         """The same cluster and settings, topics (and consumer groups) in ``namespace``; validated like the config's
         own."""
         return msgspec.convert({**msgspec.to_builtins(self), "namespace": namespace}, KafkaConfig)
+
+    def retention_ms(self) -> dict[str, int]:
+        """Topic base name -> ``retention.ms`` for the topics ``retention_days`` names."""
+        out: dict[str, int] = {}
+        for entry in self.retention_days:
+            topic, _, days = entry.partition("=")
+            topic = topic.strip()
+            if topic not in BY_BASE or BY_BASE[topic].compacted:
+                known = ", ".join(t.base for t in ALL_TOPICS if not t.compacted)
+                raise ValueError(f"retention_days: {entry!r}: no such topic; one of {known}")
+            try:
+                value = float(days)
+            except ValueError:
+                raise ValueError(f"retention_days: {entry!r}: days must be a number (-1: forever)") from None
+            if value != -1 and not value > 0:
+                raise ValueError(f"retention_days: {entry!r}: days must be positive, or -1 for forever")
+            out[topic] = -1 if value == -1 else round(value * DAY_MS)
+        return out
 
 
 class RedisConfig(_Section):

@@ -4,12 +4,12 @@ kept 0600 in the cache, so a restart keeps them and only the machine's user can 
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
 from services.config import Config
 from services.model_store import cache_dir
+from services.private import private_opener
 
 
 def new_token() -> str:
@@ -24,7 +24,7 @@ def stored_token(path: Path) -> str:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         token = new_token()
         try:
-            with open(path, "x", opener=lambda p, flags: os.open(p, flags, 0o600)) as out:
+            with open(path, "x", opener=private_opener) as out:
                 out.write(token + "\n")
         except FileExistsError:  # another process made it first: theirs
             return path.read_text().strip()

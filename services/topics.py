@@ -43,8 +43,10 @@ async def create_topics(
     partitions: int | None = None,
     replication_factor: int = 1,
 ) -> list[TopicState]:
-    """Create every topic of ``kafka.namespace`` that does not exist yet. ``partitions`` overrides the specs'
-    counts (the compacted ``weights`` topic keeps one partition: its single key orders all versions)."""
+    """Create every topic of ``kafka.namespace`` that does not exist yet, and give existing ones the retention
+    ``kafka.retention_days`` asks for (``updated``). ``partitions`` overrides the specs' counts (the compacted
+    ``weights`` topic keeps one partition: its single key orders all versions)."""
+    retention = kafka.retention_ms()
     admin = _admin(kafka)
     await admin.start()
     try:
@@ -53,12 +55,15 @@ async def create_topics(
         states: list[TopicState] = []
         for spec in specs:
             name = spec.name(kafka.namespace)
+            configs = spec.configs(retention.get(spec.base))
             if name in existing:
                 states.append(TopicState(name, "exists"))
+                if spec.base in retention:
+                    await _set_retention(admin, states[-1], retention[spec.base])
                 continue
             count = spec.partitions if partitions is None or spec.compacted else partitions
-            new.append(NewTopic(name, count, replication_factor, topic_configs=spec.configs()))
-            states.append(TopicState(name, "created", count, spec.configs()))
+            new.append(NewTopic(name, count, replication_factor, topic_configs=configs))
+            states.append(TopicState(name, "created", count, configs))
         if new:
             try:
                 resp = await admin.create_topics(new)
@@ -77,6 +82,31 @@ async def create_topics(
         return states
     finally:
         await admin.close()
+
+
+_TOPIC_CONFIG = 1
+"""DescribeConfigs' ``config_source`` of a value set on the topic itself (DYNAMIC_TOPIC_CONFIG)."""
+
+
+async def _set_retention(admin: AIOKafkaAdminClient, state: TopicState, retention_ms: int) -> None:
+    """Give an existing topic ``retention_ms``. Kafka's AlterConfigs (the only kind aiokafka sends) replaces every
+    value set on the topic, so the values set there now go with it unchanged."""
+    resource = ConfigResource(ConfigResourceType.TOPIC, state.name)
+    (resp,) = await admin.describe_configs([resource])
+    current: dict[str, str] = {}
+    for res in resp.resources:
+        for entry in res[4]:  # (name, value, read_only, config_source, is_sensitive, ...)
+            if entry[3] == _TOPIC_CONFIG and entry[1] is not None:
+                current[entry[0]] = entry[1]
+    if current.get("retention.ms") == str(retention_ms):
+        return
+    wanted = {**current, "retention.ms": str(retention_ms)}
+    (altered,) = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, state.name, wanted)])
+    for res in altered.resources:
+        if res[0] != 0:  # (error_code, error_message, resource_type, resource_name)
+            raise RuntimeError(f"setting retention.ms of {state.name} failed: Kafka error {res[0]} {res[1]}")
+    state.status = "updated"
+    state.configs = {"retention.ms": str(retention_ms)}
 
 
 def _mark(states: list[TopicState], name: str, status: str) -> None:

@@ -28,6 +28,7 @@ from schemas import (
     Turn,
     WeightsPublished,
 )
+from services.private import private_dir, private_file
 
 SCHEMA_VERSION = 4
 """Raised with every change to ``SCHEMA``: a projection written with another is rebuilt from the topics."""
@@ -118,7 +119,8 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
     else:
-        db = sqlite3.connect(str(path), check_same_thread=False)
+        private_dir(Path(path).parent)  # whole conversations: the owner's only, its WAL and journal too
+        db = sqlite3.connect(str(private_file(Path(path))), check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:

@@ -28,6 +28,8 @@ from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
+from services.private import private_dir, private_opener
+
 _HEADER = struct.Struct("<II")
 _CURSOR = struct.Struct("<QQ")
 SEGMENT_BYTES = 64 * 1024 * 1024
@@ -53,7 +55,7 @@ def _read_records(fh: BinaryIO, offset: int, limit: int) -> tuple[list[bytes], i
 
 def _append(path: Path) -> BinaryIO:
     """A segment opened for appending, created 0600."""
-    return open(path, "ab", opener=lambda p, flags: os.open(p, flags, 0o600))
+    return open(path, "ab", opener=private_opener)
 
 
 class Spool:
@@ -65,8 +67,7 @@ class Spool:
         cursor_interval_s: float = 0.2,
     ) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # people's conversations: the owner's only
-        os.chmod(self.dir, 0o700)
+        private_dir(self.dir)  # people's conversations: the owner's only
         self.segment_bytes = segment_bytes
         self.memory_bytes = memory_bytes
         self.cursor_interval_s = cursor_interval_s
@@ -78,7 +79,7 @@ class Spool:
         self._mem_complete = False
         self._lock = threading.Lock()
         # One process per spool: two publishers draining one spool would send every turn twice.
-        self._lockfile = open(self.dir / "lock", "w", opener=lambda p, flags: os.open(p, flags, 0o600))
+        self._lockfile = open(self.dir / "lock", "w", opener=private_opener)
         try:
             fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

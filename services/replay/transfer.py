@@ -16,6 +16,7 @@ from services.bus import EventProducer
 from services.chat_template import render_prompt_ids
 from services.config import KafkaConfig
 from services.engine_client import EngineClient
+from services.private import private_opener
 from services.replay.records import (
     BadLine,
     Format,
@@ -49,7 +50,7 @@ async def export_sessions(
     def write() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".partial")
-        with open(tmp, "wb") as fh:
+        with open(tmp, "wb", opener=private_opener) as fh:  # people's conversations: the owner's only
             for turn in turns:
                 if fmt == "turns":
                     fh.write(encode_line(turn))

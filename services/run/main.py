@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaError
 
 from services.config import Config
 from services.model_store import cache_dir
+from services.private import private_dir
 from services.run.plan import plan
 from services.run.progress import Progress, scrape
 from services.supervisor import StartupFailed, Supervisor, tail
@@ -89,7 +90,7 @@ async def run_pipeline(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     run_dir = Path(rc.run_dir) if rc.run_dir else cache_dir() / "run" / time.strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)  # logs and the simulated users' conversations
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if rc.local_infra:

@@ -47,6 +47,35 @@ def test_create_is_idempotent_and_describe_reports_specs(kafka_service: Service)
     assert "partitions=1" in rows[f"{ns}.weights"] and "cleanup.policy=compact" in rows[f"{ns}.weights"]
 
 
+def test_retention_is_set_per_topic_and_applied_to_existing_topics(kafka_service: Service) -> None:
+    """Issue 32, item 8: ``turns`` and ``sessions.ended`` were kept forever with no way to say otherwise. Each
+    topic's retention is a setting; ``topics create`` applies it to topics that exist already, keeping their
+    other settings."""
+    ns = f"ret-{uuid.uuid4().hex[:8]}"
+    env = {"TURNSTREAM_KAFKA_BOOTSTRAP": kafka_service.address}
+    assert turnstream("topics", "create", "--namespace", ns, env=env).returncode == 0
+    env["TURNSTREAM_KAFKA_RETENTION_DAYS"] = "turns=365, samples=0.5"
+    out = turnstream("topics", "create", "--namespace", ns, env=env)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line for line in out.stdout.splitlines()}
+    assert rows[f"{ns}.turns"].split()[1] == rows[f"{ns}.samples"].split()[1] == "updated"
+    assert rows[f"{ns}.judgments"].split()[1] == "exists"
+    described = turnstream("topics", "describe", "--namespace", ns, env=env)
+    rows = {line.split()[0]: line for line in described.stdout.splitlines()}
+    assert f"retention.ms={365 * 24 * 3600 * 1000}" in rows[f"{ns}.turns"]
+    assert f"retention.ms={12 * 3600 * 1000}" in rows[f"{ns}.samples"]
+    assert f"max.message.bytes={16 * 1024 * 1024}" in rows[f"{ns}.turns"], "the topic's other settings stay"
+    assert f"retention.ms={30 * 24 * 3600 * 1000}" in rows[f"{ns}.judgments"]
+    again = turnstream("topics", "create", "--namespace", ns, env=env)
+    assert [line.split()[1] for line in again.stdout.splitlines()] == ["exists"] * len(ALL_TOPICS)
+    fresh = f"ret-{uuid.uuid4().hex[:8]}"  # a new namespace is created with them
+    created = turnstream("topics", "create", "--namespace", fresh, env=env)
+    assert created.returncode == 0 and f"retention.ms={365 * 24 * 3600 * 1000}" in created.stdout
+    for bad in ("weights=3", "tunrs=3", "turns=0", "turns=soon"):
+        out = turnstream("config", "show", env={"TURNSTREAM_KAFKA_RETENTION_DAYS": bad})
+        assert out.returncode == 2 and "retention_days" in out.stderr, (bad, out.stderr)
+
+
 def test_describe_of_a_missing_namespace_fails(kafka_service: Service) -> None:
     out = turnstream(
         "topics",

@@ -61,6 +61,10 @@ def test_every_data_route_needs_the_token_and_a_known_host(console: tuple[str, P
     token_file = tmp_path / "token"  # beside the projection
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+    # The projection holds whole conversations: its file, WAL and shared memory are the owner's alone (issue 32).
+    projection = sorted(tmp_path.glob("console.sqlite3*"))
+    assert len(projection) >= 2, projection  # the database and its WAL
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in projection} == {p.name: 0o600 for p in projection}
     token = token_file.read_text().strip()
     link = re.search(r"open (http://\S+/login\?token=(\S+))", log.read_text())
     assert link and link.group(2) == token, log.read_text()[-2000:]

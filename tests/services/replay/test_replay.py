@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -90,6 +91,7 @@ async def test_export_and_import_round_trip_exactly(
     r = cli("export", "--out", str(out), kafka=kafka, redis=redis_config)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["turns"] == 4
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600  # people's conversations: the owner's only
     lines = out.read_bytes().splitlines()
     assert [json.loads(x)["turn_id"] for x in lines] == ["a:1", "a:2", "b:1", "b:2"]
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -134,6 +135,9 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     try:
         wait_status(run_dir, proc, lambda s: s["down"] == [], timeout=600)
         children = psutil.Process(proc.pid).children(recursive=True)
+        assert (
+            stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+        )  # its logs and the simulated users' conversations
         assert len(children) >= 9  # the nine services (SGLang and torch add helpers)
         # The run made the proxy a key and printed it; without it the proxy answers 401.
         key = re.search(r'api_key="([^"<]+)"', (run_dir / "run.out").read_text())
