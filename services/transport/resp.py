@@ -1,4 +1,4 @@
-"""A minimal pipelined Redis client (RESP) for hot paths whose replies are integers or status lines.
+"""A minimal pipelined Redis client (RESP) for hot paths whose replies are integers, status lines or one string.
 
 Why not redis-py's client there: its command path (connection pool checkout, retry wrapper, response callbacks,
 timeout contexts) cost about a fifth of the proxy's CPU per request, for a command whose reply is one integer.
@@ -36,7 +36,8 @@ _SKIP_NEXT_REPLY = command(b"CLIENT", b"REPLY", b"SKIP")
 
 
 class Replies(asyncio.Protocol):
-    """Simple RESP replies (integers, status lines, errors), matched to the waiting futures in order."""
+    """Simple RESP replies (integers, status lines, errors, bulk strings: bytes, or None for nil), matched to the
+    waiting futures in order."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -54,13 +55,24 @@ class Replies(asyncio.Protocol):
         start = 0
         while (end := buffer.find(b"\r\n", start)) >= 0:
             kind, line = buffer[start : start + 1], buffer[start + 1 : end]
-            start = end + 2
-            if kind == b":":
-                reply: Any = int(line)
+            reply: Any
+            if (
+                kind == b"$"
+            ):  # a bulk string: its length, then that many bytes and CRLF (which may not be here yet)
+                size = int(line)
+                if size >= 0 and len(buffer) < end + 2 + size + 2:
+                    break
+                reply = None if size < 0 else buffer[end + 2 : end + 2 + size]
+                start = end + 2 + (size + 2 if size >= 0 else 0)
+            elif kind == b":":
+                reply = int(line)
+                start = end + 2
             elif kind == b"+":
                 reply = line.decode()
+                start = end + 2
             elif kind == b"-":
                 reply = RedisReplyError(line.decode(errors="replace"))
+                start = end + 2
             else:  # no command sent here has any other kind of reply
                 self._fail(ConnectionError(f"unexpected reply from Redis: {kind + line!r}"))
                 return
