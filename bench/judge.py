@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra import Started, start_kafka, stop_started
+from infra import Started, start_kafka, start_redis, stop_started
 from tqdm import tqdm
 
 from schemas import Judgment, Message, PairedTurn, Turn
@@ -80,6 +80,7 @@ def scenario(
     env = {
         "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
         "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        "TURNSTREAM_KAFKA_SEAL_KEYS_URL": kafka.seal_keys_url,
         "TURNSTREAM_JUDGE_BACKEND": "engine",
         "TURNSTREAM_JUDGE_ENGINE_URL": stub_url,
         "TURNSTREAM_JUDGE_MAX_CONCURRENCY": str(concurrency),
@@ -129,7 +130,11 @@ def main() -> None:
     args = ap.parse_args()
     started: Started = []
     bootstrap = start_kafka(started)
-    kafka = KafkaConfig(bootstrap=bootstrap, namespace=f"bench-{uuid.uuid4().hex[:8]}.")
+    # Paired turns and judgments are sealed per session, as in production: the keys live in a Redis.
+    keys_url = start_redis(started)
+    kafka = KafkaConfig(
+        bootstrap=bootstrap, seal_keys_url=keys_url, namespace=f"bench-{uuid.uuid4().hex[:8]}."
+    )
     stub_port = free_port()
     stub = subprocess.Popen(
         [

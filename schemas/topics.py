@@ -46,6 +46,9 @@ class TopicSpec(msgspec.Struct, frozen=True):
     """-1 keeps records forever."""
     compacted: bool = False
     description: str = ""
+    private: bool = False
+    """Its records hold people's conversations, keyed by session id: sealed under the session's key, so that
+    forgetting the session (destroying the key) erases them wherever they are."""
 
     def name(self, namespace: str = "") -> str:
         return topic_name(self.base, namespace)
@@ -78,7 +81,13 @@ def topic_name(base: str, namespace: str | None = "") -> str:
 
 
 TURNS: Final = TopicSpec(
-    "turns", Turn, "session_id", 12, -1, description="every main-line turn; the source of truth, kept forever"
+    "turns",
+    Turn,
+    "session_id",
+    12,
+    -1,
+    description="every main-line turn; the source of truth, kept forever",
+    private=True,
 )
 SESSIONS_ENDED: Final = TopicSpec(
     "sessions.ended",
@@ -87,12 +96,25 @@ SESSIONS_ENDED: Final = TopicSpec(
     12,
     -1,
     description="sessions a client ended on a side request; kept forever beside turns (the pairer replays both)",
+    private=True,
 )
 TURNS_PAIRED: Final = TopicSpec(
-    "turns.paired", PairedTurn, "session_id", 12, 30 * DAY_MS, description="turn + next state, or terminal"
+    "turns.paired",
+    PairedTurn,
+    "session_id",
+    12,
+    30 * DAY_MS,
+    description="turn + next state, or terminal",
+    private=True,
 )
 JUDGMENTS: Final = TopicSpec(
-    "judgments", Judgment, "session_id", 12, 30 * DAY_MS, description="one per (turn, judge_id, kind)"
+    "judgments",
+    Judgment,
+    "session_id",
+    12,
+    30 * DAY_MS,
+    description="one per (turn, judge_id, kind)",
+    private=True,
 )
 TEACHER: Final = TopicSpec(
     "teacher",
@@ -101,6 +123,7 @@ TEACHER: Final = TopicSpec(
     12,
     30 * DAY_MS,
     description="teacher log-probs per response token",
+    private=True,
 )
 SAMPLES: Final = TopicSpec(
     "samples",
@@ -109,6 +132,7 @@ SAMPLES: Final = TopicSpec(
     12,
     30 * DAY_MS,
     description="training-ready samples; sample_id = turn_id",
+    private=True,
 )
 WEIGHTS: Final = TopicSpec(
     "weights", WeightsPublished, '"policy"', 1, -1, compacted=True, description="latest weight version wins"
@@ -122,7 +146,13 @@ EVALS: Final = TopicSpec(
     description="the held-out evaluation of each weight version; kept forever (the learning curve)",
 )
 DEADLETTER: Final = TopicSpec(
-    "deadletter", DeadLetter, "source key", 3, 30 * DAY_MS, description="records a consumer could not use"
+    "deadletter",
+    DeadLetter,
+    "source key",
+    3,
+    30 * DAY_MS,
+    description="records a consumer could not use",
+    private=True,
 )
 
 ALL_TOPICS: Final[tuple[TopicSpec, ...]] = (

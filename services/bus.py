@@ -34,6 +34,8 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, RecordMetadata
 from schemas import DeadLetter, DecodeError, Event, TopicSpec, decode, encode
 from schemas.topics import DEADLETTER, MAX_MESSAGE_BYTES, RECORD_OVERHEAD_BYTES
 from services.config import KafkaConfig
+from services.erasure.envelope import is_sealed
+from services.erasure.sealing import open_value, seal_value
 from services.metrics import CONSUMED, DEADLETTERED, HANDLER_ERRORS, LAG, PRODUCED, PRODUCERS_RENEWED
 
 log = logging.getLogger("turnstream.bus")
@@ -212,7 +214,9 @@ class EventProducer:
     ) -> asyncio.Future[Any]:
         """Queue one event; the returned future resolves when it is acknowledged. For batching."""
         self._check(spec, event)
-        return await self.send_raw_nowait(self.topic(spec), encode(event), _key_bytes(key))
+        key_bytes = _key_bytes(key)
+        value = await seal_value(self.kafka, spec, key_bytes, encode(event))
+        return await self.send_raw_nowait(self.topic(spec), value, key_bytes)
 
     async def send_raw(self, topic: str, value: bytes, key: bytes | None = None) -> RecordMetadata:
         """Produce bytes as they are (tests, tools that copy records between namespaces)."""
@@ -609,10 +613,14 @@ async def send_dead_letter(
 async def decode_or_dead_letter(
     rec: ConsumerRecord[bytes, bytes], event_type: type[E], deadletter: EventProducer, group: str
 ) -> Record[E] | None:
-    """A received record decoded as ``event_type``; or None once it is kept, verbatim, on ``deadletter`` (durable
-    on return, so the caller may pass its offset). The one decode path of every consumer."""
+    """A received record decoded as ``event_type`` (opened first when sealed); or None once it is kept, verbatim,
+    on ``deadletter`` (durable on return, so the caller may pass its offset), or when its session was forgotten
+    (counted). The one decode path of every consumer."""
     try:
-        event = decode(rec.value or b"", event_type)
+        value = await open_value(deadletter.kafka, rec.topic, rec.key, rec.value or b"")
+        if value is None:
+            return None
+        event = decode(value, event_type)
     except DecodeError as exc:
         await dead_letter_record(deadletter, rec, exc.kind, str(exc), group)
         return None
@@ -622,7 +630,12 @@ async def decode_or_dead_letter(
 async def dead_letter_record(
     producer: EventProducer, rec: ConsumerRecord[bytes, bytes], kind: str, error: str, group: str
 ) -> None:
-    """``send_dead_letter`` for a raw record as the consumer received it."""
+    """``send_dead_letter`` for a raw record as the consumer received it: opened when sealed and it opens (the
+    letter is sealed under the same session's key, so the payload is as protected and tools can read it)."""
+    payload = rec.value or b""
+    if is_sealed(payload):
+        with contextlib.suppress(DecodeError):
+            payload = await open_value(producer.kafka, rec.topic, rec.key, payload) or payload
     await send_dead_letter(
         producer,
         rec.topic,
@@ -630,7 +643,7 @@ async def dead_letter_record(
         rec.offset,
         rec.key,
         rec.timestamp,
-        rec.value or b"",
+        payload,
         kind,
         error,
         group,
@@ -721,7 +734,10 @@ async def read_topic(
                     if rec.offset >= end[tp]:
                         break
                     try:
-                        event = decode(rec.value or b"", spec.event_type)
+                        value = await open_value(kafka, rec.topic, rec.key, rec.value or b"")
+                        if value is None:  # a forgotten session's
+                            continue
+                        event = decode(value, spec.event_type)
                     except DecodeError:
                         if skip_undecodable:
                             continue

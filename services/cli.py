@@ -174,8 +174,60 @@ def _parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="print the resolved configuration as JSON")
     cfg.add_argument("action", choices=["show"])
 
+    forget = sub.add_parser(
+        "forget", help="erase sessions (or a user's) from every topic, Redis and the console, and prove it"
+    )
+    who = forget.add_mutually_exclusive_group(required=True)
+    who.add_argument("--session", action="append", help="a session id (repeat for several)")
+    who.add_argument("--user", help="every session whose turns name this user (Turn.user)")
+    forget.add_argument(
+        "--namespace",
+        action="append",
+        help="search and prove in this namespace only (repeat; '' the live one; default: every namespace)",
+    )
+    forget.add_argument(
+        "--projection",
+        action="append",
+        help="a console projection to clean (default: console.db_path and those in the cache)",
+    )
+    forget.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        help="seconds between destroying the keys and the rest (default: kafka.seal_keys_cache_s + 1)",
+    )
+
     _replay_parser(sub)
     return p
+
+
+def _forget(config: Config, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from schemas import normalize_namespace
+    from services.console.projection import forget_sessions, session_rows
+    from services.forget.main import forget, projection_paths, sqlite_rows
+    from services.model_store import cache_dir
+
+    paths = [Path(p) for p in args.projection] if args.projection else projection_paths(config, cache_dir())
+    try:
+        report = asyncio.run(
+            forget(
+                config,
+                set(args.session or []),
+                user=args.user,
+                namespaces=[normalize_namespace(n) for n in args.namespace] if args.namespace else None,
+                projections=paths,
+                delete_rows=sqlite_rows(forget_sessions),
+                count_rows=sqlite_rows(session_rows),
+                wait_s=args.wait,
+            )
+        )
+    except ValueError as exc:
+        print(f"turnstream forget: {exc}", file=sys.stderr)
+        return 2
+    print(msgspec.json.format(msgspec.json.encode(report).decode()))
+    return 0 if report.erased else 1
 
 
 def _plan_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -524,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(msgspec.json.format(msgspec.json.encode(redacted(config)).decode()))
         return 0
+    if args.command == "forget":
+        return _forget(config, args)
     if args.command == "replay":
         from services.replay.main import run_replay
 

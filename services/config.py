@@ -64,6 +64,18 @@ class KafkaConfig(_Section):
     connect_wait_s: NonNegFloat = 300.0
     """How long a service keeps retrying when the broker is unreachable as it starts (a broker restarting, or
     started after the services) before it gives up; 0: fail at once."""
+    seal: bool = True
+    """Seal the records that hold conversations under a key per session (``services/erasure``), so that
+    ``turnstream forget`` can erase a session from every topic, namespace and copy by destroying its key."""
+    seal_keys_url: str = ""
+    """The Redis holding those keys; empty: ``redis.url``. Back it up as you back up Kafka: without a session's
+    key its records cannot be read."""
+    seal_keys_prefix: str = "turnstream:dek:"
+    """Where in it: one key per session, ``<prefix><session id>``, for every namespace (a replay's copies of a
+    session are sealed under the live session's key, and forgotten with it)."""
+    seal_keys_cache_s: PositiveFloat = 30.0
+    """How long a process keeps a key it used: a forgotten session's records stay readable by a process that
+    held its key for at most this long."""
     retention_days: list[str] = msgspec.field(default_factory=list)
     """How long each topic keeps records, overriding the defaults (README, "Topics"): entries ``<topic>=<days>``,
     ``-1`` for forever, e.g. ``turns=365,samples=14`` (``TURNSTREAM_KAFKA_RETENTION_DAYS``). ``turnstream topics
@@ -564,6 +576,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.trainer.lora.enabled and self.trainer.lora.publish == "adapter"
 
     def __post_init__(self) -> None:
+        if not self.kafka.seal:
+            self.kafka.seal_keys_url = ""
+        elif not self.kafka.seal_keys_url:
+            self.kafka.seal_keys_url = self.redis.url
         longest = max(self.dispatcher.dedupe_ttl_s, self.pairer.state_ttl_s)
         if self.redis.session_ttl_s <= longest:
             raise ValueError(
@@ -751,10 +767,11 @@ def redacted(config: Config) -> dict[str, Any]:
             for field in SECRET_FIELDS:
                 if section.get(field):
                     section[field] = "***"
-    url = urlsplit(data["redis"]["url"])
-    if url.password:
-        user = f"{url.username}:" if url.username else ":"
-        host = url.hostname or ""
-        netloc = f"{user}***@{host}" + (f":{url.port}" if url.port else "")
-        data["redis"]["url"] = urlunsplit(url._replace(netloc=netloc))
+    for section, field in (("redis", "url"), ("kafka", "seal_keys_url")):
+        url = urlsplit(data[section][field])
+        if url.password:
+            user = f"{url.username}:" if url.username else ":"
+            host = url.hostname or ""
+            netloc = f"{user}***@{host}" + (f":{url.port}" if url.port else "")
+            data[section][field] = urlunsplit(url._replace(netloc=netloc))
     return data

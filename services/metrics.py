@@ -15,6 +15,11 @@ PRODUCERS_RENEWED = Counter(
     "turnstream_bus_producers_renewed_total",
     "Producers replaced after the broker lost (or fenced) their state",
 )
+FORGOTTEN = Counter(
+    "turnstream_bus_forgotten_total",
+    "Sealed records skipped because their session was forgotten (its key destroyed)",
+    ["topic"],
+)
 DEADLETTERED = Counter(
     "turnstream_bus_deadlettered_total",
     "Records sent to the dead-letter topic",

@@ -126,6 +126,16 @@ async def _wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s:
         await asyncio.sleep(0.2)
 
 
+async def list_topic_names(kafka: KafkaConfig) -> list[str]:
+    """Every topic on the cluster, of every namespace."""
+    admin = _admin(kafka)
+    await admin.start()
+    try:
+        return sorted(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
 async def describe_topics(kafka: KafkaConfig, specs: tuple[TopicSpec, ...] = ALL_TOPICS) -> list[TopicState]:
     admin = _admin(kafka)
     await admin.start()

@@ -44,9 +44,12 @@ def namespace() -> str:
 
 
 @pytest.fixture
-def kafka_config(kafka_service: Service, namespace: str) -> KafkaConfig:
+def kafka_config(kafka_service: Service, redis_service: Service, namespace: str) -> KafkaConfig:
+    """The broker, in the test's namespace; records that hold conversations sealed with keys in the test Redis,
+    as every service started with ``TURNSTREAM_REDIS_URL`` seals them."""
     return KafkaConfig(
         bootstrap=kafka_service.address,
+        seal_keys_url=redis_service.address,
         namespace=namespace,
         client_id="turnstream-test",
         poll_timeout_ms=200,

@@ -25,6 +25,7 @@ from schemas.topics import (
 from services.bus import kafka_consumer, topic_partitions
 from services.config import KafkaConfig
 from services.console.projection import apply, stored_offsets
+from services.erasure.sealing import open_value
 
 log = logging.getLogger("turnstream.console")
 
@@ -62,8 +63,10 @@ async def follow(
             for tp, records in batch.items():
                 for record in records:
                     try:
-                        events.append(decode_any(record.value or b""))
-                        APPLIED.labels(tp.topic).inc()
+                        value = await open_value(kafka, tp.topic, record.key, record.value or b"")
+                        if value is not None:  # None: a forgotten session's (counted)
+                            events.append(decode_any(value))
+                            APPLIED.labels(tp.topic).inc()
                     except DecodeError:
                         UNDECODABLE.inc()
                     offsets[(tp.topic, tp.partition)] = record.offset + 1

@@ -313,3 +313,60 @@ def dump(db: sqlite3.Connection, tables: Sequence[str] = TABLES) -> dict[str, li
 
 def loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+_BY_SESSION = ("turns", "sessions", "samples")
+"""Tables with a ``session_id`` column."""
+_BY_TURN = (("pairs", "turn_id"), ("judgments", "turn_id"), ("teacher", "turn_id"), ("trained", "sample_id"))
+"""Tables keyed by a turn id (``<session id>:<n>``) alone."""
+
+
+def _of_sessions(turn_id: str, sessions: set[str]) -> bool:
+    session, _, index = turn_id.rpartition(":")
+    return index.isdigit() and session in sessions
+
+
+def _turn_rows(db: sqlite3.Connection, sessions: set[str]) -> dict[str, list[str]]:
+    """Per table keyed by turn id, the ids of the sessions' rows (session ids may hold ``:`` or SQL wildcards, so
+    the match is made here, not by LIKE)."""
+    out: dict[str, list[str]] = {}
+    for table, column in _BY_TURN:
+        ids = [r[0] for r in db.execute(f"SELECT {column} FROM {table}")]
+        out[table] = [i for i in ids if _of_sessions(i, sessions)]
+    return out
+
+
+def session_rows(db: sqlite3.Connection, sessions: Iterable[str]) -> int:
+    """How many rows of the projection belong to the sessions."""
+    wanted = set(sessions)
+    marks = ", ".join("?" * len(wanted))
+    count = sum(
+        int(
+            db.execute(f"SELECT COUNT(*) FROM {t} WHERE session_id IN ({marks})", tuple(wanted)).fetchone()[0]
+        )
+        for t in _BY_SESSION
+    )
+    return count + sum(len(ids) for ids in _turn_rows(db, wanted).values())
+
+
+def forget_sessions(db: sqlite3.Connection, sessions: Iterable[str]) -> int:
+    """Delete every row of the sessions, overwriting what they held (``secure_delete``), and leave nothing of
+    them in the WAL or free pages either. Returns the rows deleted. The records they came from must be unreadable
+    first (their keys destroyed), or the feed writes them again."""
+    wanted = set(sessions)
+    if not wanted:
+        return 0
+    marks = ", ".join("?" * len(wanted))
+    db.execute("PRAGMA secure_delete = ON")
+    deleted = 0
+    with db:
+        for table, ids in _turn_rows(db, wanted).items():
+            column = dict(_BY_TURN)[table]
+            deleted += sum(db.execute(f"DELETE FROM {table} WHERE {column} = ?", (i,)).rowcount for i in ids)
+        for table in _BY_SESSION:
+            deleted += db.execute(
+                f"DELETE FROM {table} WHERE session_id IN ({marks})", tuple(wanted)
+            ).rowcount
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.execute("VACUUM")
+    return deleted

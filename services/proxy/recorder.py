@@ -31,6 +31,7 @@ from schemas import SessionEnded, Turn, decode, encode
 from schemas.topics import MAX_TURN_BYTES, SESSIONS_ENDED, TURNS
 from services.bus import EventProducer
 from services.config import KafkaConfig
+from services.erasure.sealing import seal_value
 from services.proxy.spool import Spool
 from services.proxy.turns import DROPPED, UnrecordableTurn
 
@@ -294,6 +295,8 @@ class TurnRecorder:
                         futures.append(_failed(exc))
                         break
                 try:
+                    spec = SESSIONS_ENDED if session_end else TURNS
+                    value = await seal_value(self.kafka, spec, key, value)  # spooled in the clear (0600)
                     futures.append(
                         await self._producer.send_raw_nowait(ends if session_end else topic, value, key)
                     )

@@ -277,6 +277,19 @@ class Spool:
             self._save_cursor(force=seg != old)
             for s in range(old, seg):
                 self._path(s).unlink(missing_ok=True)
+            if self._pending == 0 and not self._unsynced and self._read_off > 0 and seg == self._write_seg:
+                self._roll_drained()
+
+    def _roll_drained(self) -> None:
+        """Everything written is published: continue in a fresh segment and delete the old one, so published turns
+        (people's conversations, in the clear) do not linger on disk until a segment fills (64 MiB)."""
+        drained, old_fh = self._write_seg, self._fh
+        self._write_seg += 1
+        self._fh = _append(self._path(self._write_seg))
+        self._read_seg, self._read_off = self._write_seg, 0
+        self._save_cursor(force=True)
+        old_fh.close()
+        self._path(drained).unlink(missing_ok=True)
 
     def flush_cursor(self) -> None:
         with self._lock:

@@ -131,6 +131,8 @@ def test_config_show_masks_every_secret() -> None:
         "TURNSTREAM_JUDGE_API_KEY": "judge-sekrit",
         "TURNSTREAM_KAFKA_SASL_PASSWORD": "kafka-sekrit",
         "TURNSTREAM_REDIS_URL": "redis://worker:redis-sekrit@cache.internal:6380/2",
+        "TURNSTREAM_ENGINE_ADMIN_API_KEY": "admin-sekrit",
+        "TURNSTREAM_CONSOLE_TOKEN": "console-sekrit",
     }
     out = subprocess.run(
         [sys.executable, "-m", "services.cli", "config", "show"],
@@ -145,6 +147,10 @@ def test_config_show_masks_every_secret() -> None:
     shown = json.loads(out.stdout)
     assert shown["proxy"]["api_key"] == shown["engine"]["api_key"] == shown["kafka"]["sasl_password"] == "***"
     assert shown["redis"]["url"] == "redis://worker:***@cache.internal:6380/2"
+    assert (
+        shown["kafka"]["seal_keys_url"] == shown["redis"]["url"]
+    )  # the data keys' Redis: redis.url unless set
+    assert shown["engine"]["admin_api_key"] == shown["console"]["token"] == "***"
     assert shown["teacher"]["api_key"] is None  # unset stays visible as unset
 
 

@@ -43,6 +43,7 @@ def console(kafka: KafkaConfig, tmp_path: Path) -> Iterator[tuple[str, Path]]:
             env={
                 "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
                 "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+                "TURNSTREAM_KAFKA_SEAL_KEYS_URL": kafka.seal_keys_url,
                 "TURNSTREAM_CACHE": str(tmp_path / "cache"),
                 "TURNSTREAM_CONSOLE_DB_PATH": str(tmp_path / "console.sqlite3"),
                 "TURNSTREAM_LOGGING_FORMAT": "text",

@@ -57,6 +57,7 @@ async def test_kill9_one_replica_mid_stream_loses_no_judgment(
     env = {
         "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
         "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        "TURNSTREAM_KAFKA_SEAL_KEYS_URL": kafka.seal_keys_url,
         "TURNSTREAM_KAFKA_SESSION_TIMEOUT_MS": "6000",
         "TURNSTREAM_KAFKA_HEARTBEAT_INTERVAL_MS": "500",
         "TURNSTREAM_KAFKA_POLL_TIMEOUT_MS": "200",

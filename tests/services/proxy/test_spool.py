@@ -82,6 +82,27 @@ def test_segments_rotate_and_drained_ones_are_deleted(tmp_path: Path) -> None:
     again.close()
 
 
+def test_published_records_leave_the_disk_once_everything_is_published(tmp_path: Path) -> None:
+    """Issue 32: the spool holds turns in the clear, and a drained segment was deleted only once it filled (64 MiB),
+    so a quiet proxy kept its last turns on disk indefinitely. Once all is published the segment goes."""
+    spool = Spool(tmp_path)
+    spool.append([b"my secret turn", b"another"])
+    spool.commit(1)
+    assert any(
+        b"my secret turn" in p.read_bytes() for p in tmp_path.glob("seg-*.log")
+    )  # one still unpublished
+    spool.commit(1)
+    assert not any(
+        b"my secret" in p.read_bytes() or b"another" in p.read_bytes() for p in tmp_path.glob("seg-*")
+    )
+    spool.append([b"later"])
+    spool.close()
+    again = Spool(tmp_path)  # the cursor follows: nothing published comes back, nothing new is lost
+    assert again.peek(10) == [b"later"] and again.pending == 1
+    again.commit(1)
+    again.close()
+
+
 def test_one_process_per_spool(tmp_path: Path) -> None:
     first = Spool(tmp_path)
     with pytest.raises(RuntimeError, match="in use"):

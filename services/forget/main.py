@@ -1,0 +1,109 @@
+"""``turnstream forget --session ID | --user ID``: destroy the sessions' keys, delete what holds them in the clear,
+then read everything back and report what is left.
+
+In order: the data keys go first (every sealed record of the sessions, in every topic, namespace, dead letter and
+copy of the log, is unreadable from then on); then, once every process's cached copy of those keys has expired
+(``kafka.seal_keys_cache_s``), the Redis state and the console projections, which a process holding a key could
+otherwise have written again; then the proof. Redis is asked to rewrite its append-only file, so the deleted
+values leave its disk too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+from redis import asyncio as aioredis
+
+from services.config import Config
+from services.erasure.sealing import session_keys
+from services.forget.redis_state import forget_state, leftovers
+from services.forget.topics import TopicProof, sessions_of_user, what_is_left
+
+log = logging.getLogger("turnstream.forget")
+
+Rows = Callable[[Path, set[str]], int]
+"""A projection's rows of the sessions: counted, or deleted (``services/console/projection.py``)."""
+
+BEYOND_REACH = (
+    "weights already trained on these sessions (and checkpoints' optimizer state) keep what they learned",
+    "files exported with `turnstream replay export`, and backups of Kafka or Redis taken before the keys were "
+    "destroyed, hold what they held (a backup of the log alone is unreadable without the keys)",
+    "turns still in a proxy's spool (written, 0600, on the proxy's disk until published) and service logs",
+    "Kafka keeps the records' keys (the session ids) and their sealed values until each topic's retention ends",
+)
+
+
+class Report(msgspec.Struct):
+    sessions: list[str]
+    keys_destroyed: int
+    redis_removed: int
+    projection_rows_deleted: int
+    topics: list[TopicProof]
+    redis_left: list[str]
+    projection_rows_left: int
+    erased: bool
+    """Nothing of the sessions can be read anywhere turnstream looked (and nothing was written in the clear)."""
+    beyond_reach: tuple[str, ...] = BEYOND_REACH
+
+
+async def forget(
+    config: Config,
+    sessions: set[str],
+    *,
+    user: str | None = None,
+    namespaces: list[str] | None = None,
+    projections: list[Path],
+    delete_rows: Rows,
+    count_rows: Rows,
+    wait_s: float | None = None,
+) -> Report:
+    if user:
+        sessions = sessions | await sessions_of_user(config.kafka, user, namespaces)
+    keys = session_keys(config.kafka)
+    if keys is None:
+        raise ValueError(
+            "kafka.seal is off: records are not sealed, so they cannot be erased by destroying keys"
+        )
+    destroyed = await keys.destroy(sorted(sessions))
+    log.info("keys destroyed", extra={"sessions": len(sessions), "destroyed": destroyed})
+    await asyncio.sleep(config.kafka.seal_keys_cache_s + 1 if wait_s is None else wait_s)
+    r = aioredis.from_url(config.redis.url)
+    try:
+        removed = await forget_state(r, sessions)
+        with contextlib.suppress(Exception):  # one may be running already; the next keeps the deletions too
+            await r.bgrewriteaof()
+        deleted = sum([await asyncio.to_thread(delete_rows, p, sessions) for p in projections])
+        topics = await what_is_left(config.kafka, sessions, namespaces)
+        left = await leftovers(r, sessions)
+    finally:
+        await r.aclose()
+    rows_left = sum([await asyncio.to_thread(count_rows, p, sessions) for p in projections])
+    erased = not left and not rows_left and not any(t.readable or t.clear for t in topics)
+    return Report(sorted(sessions), destroyed, removed, deleted, topics, left, rows_left, erased)
+
+
+def projection_paths(config: Config, cache: Path) -> list[Path]:
+    """The console projections on this machine: ``console.db_path``, and every one in the cache (one per
+    namespace)."""
+    found = [Path(config.console.db_path)] if config.console.db_path else []
+    found += sorted((cache / "console").glob("*.sqlite3"))
+    return [p for p in dict.fromkeys(found) if p.is_file()]
+
+
+def sqlite_rows(work: Callable[[sqlite3.Connection, set[str]], int]) -> Rows:
+    """``work`` on the projection at a path."""
+
+    def run(path: Path, sessions: set[str]) -> int:
+        db = sqlite3.connect(str(path))
+        try:
+            return work(db, sessions)
+        finally:
+            db.close()
+
+    return run

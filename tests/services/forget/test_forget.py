@@ -1,0 +1,175 @@
+"""``turnstream forget``, run as an operator runs it, after a person's conversations have spread through the real
+proxy, Kafka, Redis, the pairer, a dead letter, a replay namespace and the console's projection: nothing of them
+can be read anywhere afterwards, byte for byte, and another person's data is untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+from redis import asyncio as aioredis
+
+from schemas.topics import TURNS
+from services.bus import EventProducer, read_topic
+from services.config import Config, KafkaConfig, RedisConfig
+from services.console.feed import follow
+from services.console.projection import connect, session_rows
+from services.erasure.sealing import seal_value
+from services.forget.topics import private_topics, raw_records
+from services.topics import create_topics, list_topic_names
+from tests.services.proxy.conftest import pair_all, wait_for_turns
+from tests.services.proxy.test_hostile import StubProxy
+
+pytestmark = pytest.mark.integration
+
+SECRET = "the vault code is 4471-ZEBRA"
+
+
+def chat(proxy: StubProxy, key: str, messages: list[dict[str, str]], session: str | None = None) -> str:
+    headers = {"Authorization": f"Bearer {key}", **({"X-Session-Id": session} if session else {})}
+    r = httpx.post(
+        proxy.url + "/v1/chat/completions",
+        json={"messages": messages, "max_tokens": 4},
+        headers=headers,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["message"]["content"])
+
+
+async def everything_raw(kafka: KafkaConfig) -> list[bytes]:
+    """Keys and values of every record on every topic that holds conversations, in every namespace."""
+    out: list[bytes] = []
+    for name, _ in private_topics(await list_topic_names(kafka), [kafka.namespace]):
+        async for rec in raw_records(kafka, name):
+            out += [rec.key or b"", rec.value or b""]
+    return out
+
+
+async def redis_mentions(r: aioredis.Redis, needles: list[str]) -> list[str]:
+    """Every key whose name or string value holds one of ``needles``, anywhere in the database."""
+    found = []
+    async for name in r.scan_iter(count=1000):
+        text = name.decode("utf-8", "replace")
+        value = await r.get(name) if await r.type(name) == b"string" else b""
+        if any(n in text or n.encode() in (value or b"") for n in needles):
+            found.append(text)
+        elif await r.type(name) == b"zset":
+            members = [m.decode("utf-8", "replace") async for m, _ in r.zscan_iter(name)]
+            found += [f"{text} {m}" for m in members if any(n in m for n in needles)]
+    return found
+
+
+async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_elses(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("alice alice-key-0123456789abcdef\nbob bob-key-0123456789abcdef\n")
+    keys.chmod(0o600)
+    proxy = StubProxy(kafka, redis_config, tmp_path, TURNSTREAM_PROXY_KEYS_FILE=str(keys))
+    alice, bob = f"alice-{uuid.uuid4().hex[:8]}", f"bob-{uuid.uuid4().hex[:8]}"
+    try:
+        for i in range(3):  # a session with an id, and one the proxy infers (a stock client sends none)
+            chat(proxy, "alice-key-0123456789abcdef", [{"role": "user", "content": f"{SECRET} #{i}"}], alice)
+        history = [{"role": "user", "content": f"{SECRET}, remember it"}]
+        for i in range(2):
+            history.append(
+                {"role": "assistant", "content": chat(proxy, "alice-key-0123456789abcdef", history)}
+            )
+            history.append({"role": "user", "content": f"and again {i}"})
+        for i in range(2):
+            chat(proxy, "bob-key-0123456789abcdef", [{"role": "user", "content": f"bob's question {i}"}], bob)
+    finally:
+        proxy.proxy.stop()
+        proxy.stub.stop()
+    turns = await wait_for_turns(kafka, 7)
+    alices = sorted({t.session_id for t in turns if t.user == "alice"})
+    assert len(alices) == 2 and alice in alices and all(t.user == "bob" for t in turns if t.session_id == bob)
+
+    config = Config(kafka=kafka, redis=redis_config)
+    await pair_all(config, expect=4)  # 2 + 1 + 1 pairs; each session's last turn waits in Redis
+    async with EventProducer(kafka) as producer:  # a record the pairer cannot use: dead-lettered
+        bad = await seal_value(kafka, TURNS, alice.encode(), b"\x81\xa4type\xa4none")
+        await producer.send_raw(TURNS.name(kafka.namespace), bad, alice.encode())
+        replay = msgspec.structs.replace(kafka, namespace=f"{kafka.namespace}replay.")
+        await create_topics(replay)
+    async with EventProducer(replay) as producer:  # a replay namespace's copy
+        for t in turns:
+            await producer.send(TURNS, t, t.session_id)
+    await pair_all(config, expect=4)  # the bad record is dead-lettered on the way
+    projection = tmp_path / "console" / "live.sqlite3"
+    db, stop, caught_up = connect(projection), asyncio.Event(), asyncio.Event()
+    feed = asyncio.create_task(follow(kafka, db, stop, caught_up=caught_up))
+    await asyncio.wait_for(caught_up.wait(), 60)
+    stop.set()
+    await feed
+    db.close()
+
+    r = aioredis.from_url(redis_config.url)
+    try:
+        # Before: the conversations are in Redis (the pairer's open turn, in the clear), the projection, and
+        # readable on every topic (sealed: the log's bytes never show them).
+        assert await redis_mentions(r, alices) and await redis_mentions(r, [SECRET])
+        assert SECRET.encode() in b"".join(p.read_bytes() for p in projection.parent.glob("live.sqlite3*"))
+        assert not any(SECRET.encode() in raw for raw in await everything_raw(kafka))
+        argv = [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "forget",
+            "--user",
+            "alice",
+            "--projection",
+            str(projection),
+        ]
+        argv += ["--namespace", kafka.namespace, "--namespace", replay.namespace, "--wait", "1"]
+        out = await asyncio.to_thread(
+            subprocess.run,
+            argv,
+            env={
+                **os.environ,
+                "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+                "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+                "TURNSTREAM_REDIS_URL": redis_config.url,
+                "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
+                "TURNSTREAM_LOGGING_FORMAT": "text",
+            },
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+        report = json.loads(out.stdout)
+        assert report["erased"] and report["sessions"] == alices and report["keys_destroyed"] == 2
+        left = {t["topic"]: t for t in report["topics"]}
+        assert (
+            left[TURNS.name(kafka.namespace)]["sealed"] == 6
+            and left[TURNS.name(replay.namespace)]["sealed"] == 5
+        )
+        assert left[f"{kafka.namespace}turns.paired"]["sealed"] >= 3
+        assert left[f"{kafka.namespace}deadletter"]["sealed"] == 1
+        assert all(t["readable"] == 0 and t["clear"] == 0 for t in report["topics"])
+
+        # After, checked here independently of the command's own proof: no reader gets alice's records (a reader
+        # that has not held her key: this process did, for the cache time)...
+        for ns in (kafka, replay):
+            fresh = msgspec.structs.replace(ns, seal_keys_cache_s=0.25)
+            assert {rec.event.user async for rec in read_topic(fresh, TURNS)} == {"bob"}
+        # ...nothing in Redis names her sessions or holds her words, and bob's state is still there...
+        assert await redis_mentions(r, [*alices, SECRET]) == []
+        assert await redis_mentions(r, [bob])
+    finally:
+        await r.aclose()
+    # ...and the console's projection has no row of hers and none of her words on disk (WAL included).
+    db = connect(projection, readonly=True)
+    assert session_rows(db, set(alices)) == 0 and session_rows(db, {bob}) >= 2
+    db.close()
+    assert all(SECRET.encode() not in p.read_bytes() for p in projection.parent.glob("live.sqlite3*"))
