@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Iterable
 
 from schemas import DecodeError, TopicSpec
 from services.config import KafkaConfig
@@ -47,6 +48,15 @@ async def seal_value(kafka: KafkaConfig, spec: TopicSpec, key: bytes | None, val
         return value
     session = key.decode("utf-8", "surrogateescape")
     return seal(await store.for_writing(session), session, value)
+
+
+async def prefetch_keys(kafka: KafkaConfig, spec: TopicSpec, keys: Iterable[bytes | None]) -> None:
+    """Make or fetch the keys a batch for ``spec`` will be sealed under, all at once: one pipelined burst to Redis
+    instead of a round trip per new session as each record is sealed."""
+    store = session_keys(kafka) if spec.private else None
+    if store is not None:
+        sessions = {k.decode("utf-8", "surrogateescape") for k in keys if k}
+        await asyncio.gather(*(store.for_writing(s) for s in sessions))
 
 
 async def open_value(kafka: KafkaConfig, topic: str, key: bytes | None, value: bytes) -> bytes | None:

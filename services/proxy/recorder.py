@@ -31,7 +31,7 @@ from schemas import SessionEnded, Turn, decode, encode
 from schemas.topics import MAX_TURN_BYTES, SESSIONS_ENDED, TURNS
 from services.bus import EventProducer
 from services.config import KafkaConfig
-from services.erasure.sealing import seal_value
+from services.erasure.sealing import prefetch_keys, seal_value
 from services.proxy.spool import Spool
 from services.proxy.turns import DROPPED, UnrecordableTurn
 
@@ -83,6 +83,12 @@ def _unpack(record: bytes) -> tuple[bytes, bytes, bytes | None, bool]:
     n &= ~_UNNUMBERED
     nonce_end = 2 + n + _NONCE_LEN
     return record[2 : 2 + n], record[nonce_end:], record[2 + n : nonce_end], session_end
+
+
+def _key_of(record: bytes) -> bytes:
+    """A spooled record's key (its session id), without copying its value."""
+    (n,) = _KEY_LEN.unpack_from(record)
+    return record[2 : 2 + (n & ~_SESSION_END & ~_UNNUMBERED)]
 
 
 NumberOnce = Callable[[str, bytes], Awaitable[int]]
@@ -285,6 +291,10 @@ class TurnRecorder:
                 continue
             futures = []
             nonces: list[bytes | None] = []
+            try:  # every session's data key of the batch in one burst (a Redis outage: tried again below)
+                await prefetch_keys(self.kafka, TURNS, (_key_of(rec) for rec in records))
+            except Exception as exc:
+                log.warning("cannot fetch the batch's data keys yet", extra={"error": repr(exc)})
             for rec in records:
                 key, value, nonce, session_end = _unpack(rec)
                 nonces.append(nonce)
