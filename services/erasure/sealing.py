@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from schemas import DecodeError, TopicSpec
 from services.config import KafkaConfig
-from services.erasure.envelope import Unreadable, is_sealed, seal, unseal
+from services.erasure.envelope import Unreadable, is_sealed, key_id, seal, sealed_key_id, unseal
 from services.erasure.keys import SessionKeys
 from services.metrics import FORGOTTEN
 from services.transport.resp import PipelinedRedis
@@ -60,21 +60,33 @@ async def prefetch_keys(kafka: KafkaConfig, spec: TopicSpec, keys: Iterable[byte
 
 
 async def open_value(kafka: KafkaConfig, topic: str, key: bytes | None, value: bytes) -> bytes | None:
-    """The plain bytes of a value read from ``topic``; None for a forgotten session's (counted). A sealed value
-    that does not open, or that cannot be opened here (sealing off), is a ``DecodeError`` of kind ``sealed``."""
+    """The plain bytes of a value read from ``topic``; None for a forgotten session's (its key, or the key it was
+    sealed under, destroyed; counted). A sealed value that does not open, or that cannot be opened here (sealing
+    off), is a ``DecodeError``."""
     if not is_sealed(value):
         return value
     store = session_keys(kafka)
     if store is None or key is None:
         raise DecodeError(
-            "sealed", f"a sealed record on {topic}, and no key store here (kafka.seal_keys_url)"
+            "decode", f"a sealed record on {topic}, and no key store here (kafka.seal_keys_url)"
         )
     session = key.decode("utf-8", "surrogateescape")
     data_key = await store.for_reading(session)
-    if data_key is None:
+    if data_key is None or key_id(data_key) != sealed_key_id(value):  # the key it was sealed under is gone
         FORGOTTEN.labels(topic).inc()
         return None
     try:
         return unseal(data_key, session, value)
     except Unreadable as exc:
-        raise DecodeError("sealed", f"session {session!r}: {exc}") from None
+        raise DecodeError("decode", f"a sealed record of session {session!r}: {exc}") from None
+
+
+async def forgotten_session(kafka: KafkaConfig, key: bytes | None, value: bytes) -> str | None:
+    """The session a record belongs to when it was skipped because that session was forgotten; else None (it was
+    in the clear, or opened, or dead-lettered)."""
+    store = session_keys(kafka)
+    if store is None or key is None or not is_sealed(value):
+        return None
+    session = key.decode("utf-8", "surrogateescape")
+    data_key = await store.for_reading(session)
+    return session if data_key is None or key_id(data_key) != sealed_key_id(value) else None

@@ -162,6 +162,9 @@ async def _watch(config: Config, supervisor: Supervisor, run_dir: Path, stop: as
     """Live progress until stopped or a service dies."""
     ports = {s.name: s.port for s in supervisor.services if s.ready_path == "/metrics"}
     ports["proxy"] = config.proxy.port
+    # The proxy's /metrics takes a key like its API (the one this run made, unless keys come from a file).
+    key = config.proxy.api_key
+    headers = {"proxy": {"Authorization": f"Bearer {key}"}} if key else {}
     status = run_dir / "status.json"
     tty = sys.stderr.isatty()
     last_line = ""
@@ -174,7 +177,7 @@ async def _watch(config: Config, supervisor: Supervisor, run_dir: Path, stop: as
                     _say(f"turnstream run: {name} exited with {rc}; last lines of its log:\n"
                          f"{tail(supervisor.log_path(name))}")  # fmt: skip
                 return
-            progress = await scrape(http, ports, config.trainer.rollout_batch_size)
+            progress = await scrape(http, ports, config.trainer.rollout_batch_size, headers)
             line = progress.line()
             now = time.monotonic()
             if tty:

@@ -82,13 +82,21 @@ def _by(metrics: Samples, name: str, label: str) -> dict[str, float]:
     return dict(out)
 
 
-async def scrape(http: httpx.AsyncClient, ports: dict[str, int], batch_size: int) -> Progress:
-    """One snapshot; a service that does not answer is listed in ``down`` (and counts as zero)."""
+async def scrape(
+    http: httpx.AsyncClient,
+    ports: dict[str, int],
+    batch_size: int,
+    headers: dict[str, dict[str, str]] | None = None,
+) -> Progress:
+    """One snapshot; a service that does not answer is listed in ``down`` (and counts as zero). ``headers``: per
+    service, what its ``/metrics`` needs (the proxy's key)."""
     metrics: Samples = {}
     down = []
     for name, port in ports.items():
         try:
-            r = await http.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            r = await http.get(
+                f"http://127.0.0.1:{port}/metrics", timeout=2, headers=(headers or {}).get(name)
+            )
             r.raise_for_status()
         except httpx.HTTPError:
             down.append(name)

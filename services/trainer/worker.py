@@ -38,6 +38,7 @@ from services.bus import (
     topic_partitions,
 )
 from services.config import Config, KafkaConfig
+from services.erasure.sealing import forgotten_session
 from services.metrics import serve_metrics
 from services.trainer.checkpoints import (
     BackgroundWriter,
@@ -448,6 +449,7 @@ async def _run_rank(
             "trainer running", extra={"base": tc.hf_checkpoint, "version": trainer.version, "root": str(root)}
         )
         steps_this_run = 0
+        forgotten: set[str] = set()  # sessions whose samples were skipped: their keys are destroyed
         while not stop.is_set():
             batch = await consumer.getmany(
                 timeout_ms=kafka.poll_timeout_ms, max_records=tc.rollout_batch_size * 4
@@ -455,9 +457,14 @@ async def _run_rank(
             for tp, records in batch.items():
                 for rec in records:
                     decoded = await decode_or_dead_letter(rec, Sample, producer, tc.group_id)
-                    if decoded is None:  # on deadletter before its offset is passed
-                        DROPPED.labels("undecodable").inc()
-                        log.warning("undecodable sample dead-lettered", extra={"offset": rec.offset})
+                    if decoded is None:  # on deadletter before its offset is passed, or forgotten
+                        session = await forgotten_session(kafka, rec.key, rec.value or b"")
+                        if session is not None:
+                            forgotten.add(session)
+                            DROPPED.labels("forgotten").inc()
+                        else:
+                            DROPPED.labels("undecodable").inc()
+                            log.warning("undecodable sample dead-lettered", extra={"offset": rec.offset})
                         pending.processed(tp.partition, rec.offset)
                         continue
                     sample = decoded.event
@@ -468,7 +475,10 @@ async def _run_rank(
             PENDING.set(len(pending.samples))
             while trainer.replay and not stop.is_set():  # published before the restart: train again, quietly
                 record = trainer.replay[0]
-                replayed = pending.take_ids(record.sample_ids)
+                # Samples of sessions forgotten since (``turnstream forget``) are gone for good: the step is
+                # replayed without them, so the state rebuilt differs from the published version's by them.
+                kept = [i for i in record.sample_ids if i.rpartition(":")[0] not in forgotten]
+                replayed = pending.take_ids(kept)
                 if replayed is None:  # not all consumed yet, unless the topic holds them no more
                     if not batch and await _at_end(consumer, tps):
                         raise RuntimeError(
@@ -477,7 +487,13 @@ async def _run_rank(
                             "after the last full checkpoint cannot be rebuilt"
                         )
                     break
-                await torch_thread.run(trainer.train, replayed)
+                if len(kept) < len(record.sample_ids):
+                    log.warning(
+                        "replaying a step without its forgotten samples",
+                        extra={"version": record.version, "forgotten": len(record.sample_ids) - len(kept)},
+                    )
+                if replayed:
+                    await torch_thread.run(trainer.train, replayed)
                 trainer.replayed(replayed)
                 if not trainer.replay:
                     pending.after_replay({int(p): o for p, o in record.offsets.items()}, trainer.fresh)

@@ -8,7 +8,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import Event, encode
-from services.erasure.envelope import OVERHEAD, Unreadable, is_sealed, new_key, seal, unseal
+from services.erasure.envelope import (
+    OVERHEAD,
+    Unreadable,
+    is_sealed,
+    key_id,
+    new_key,
+    seal,
+    sealed_key_id,
+    unseal,
+)
 from tests.strategies import (
     dead_letters,
     judgments,
@@ -39,10 +48,12 @@ def test_a_sealed_value_opens_only_with_its_key_for_its_session_and_unaltered() 
     sealed = seal(key, "s-1", plain)
     assert b"my secret" not in sealed
     assert seal(key, "s-1", plain) != sealed  # a fresh nonce each time
+    assert sealed_key_id(sealed) == key_id(key) != key_id(new_key())  # which key, not the key
     for other_key, session, value in (
         (new_key(), "s-1", sealed),  # another session's key (or the key destroyed and made anew)
         (key, "s-2", sealed),  # moved under another session
         (key, "s-1", sealed[:-1] + bytes([sealed[-1] ^ 1])),  # altered
+        (key, "s-1", sealed[:2] + key_id(new_key()) + sealed[10:]),  # its header altered
         (key, "s-1", plain),  # never sealed
     ):
         with pytest.raises(Unreadable):

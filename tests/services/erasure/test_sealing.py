@@ -71,3 +71,10 @@ async def test_records_are_sealed_per_session_and_a_forgotten_one_is_skipped_by_
     )
     assert "carol-1" in [r.event.session_id async for r in read_topic(kafka, TURNS)]  # clear records read too
     assert EVALS.private is False
+    # The session begins again after it was forgotten: a new key; its old records stay forgotten (skipped and
+    # counted, never taken for altered ones and dead-lettered), the new one reads.
+    async with EventProducer(kafka) as producer:
+        await producer.send(TURNS, example_turn("alice-1", 2), "alice-1")
+    fresh = msgspec.structs.replace(kafka, seal_keys_cache_s=0.1)
+    found = sorted([(r.event.session_id, r.event.turn_index) async for r in read_topic(fresh, TURNS)])
+    assert found == [("alice-1", 2), ("bob-1", 1), ("carol-1", 1)]

@@ -29,7 +29,10 @@ def test_each_status_is_written_after_its_line_is_said(
     turns = iter(range(1, 100))
     checked: list[int] = []
 
-    async def scrape(http: httpx.AsyncClient, ports: dict[str, int], batch_size: int) -> Progress:
+    async def scrape(
+        http: httpx.AsyncClient, ports: dict[str, int], batch_size: int, headers: dict[str, dict[str, str]]
+    ) -> Progress:
+        assert headers["proxy"] == {"Authorization": "Bearer key-0123456789abcdef"}  # the proxy's key
         progress = Progress(turns=next(turns), batch_size=batch_size)
         if progress.turns == 3:
             stop.set()
@@ -47,5 +50,6 @@ def test_each_status_is_written_after_its_line_is_said(
     monkeypatch.setattr(main, "scrape", scrape)
     monkeypatch.setattr(main, "_write_status", write_status)
     monkeypatch.setattr(main.sys.stderr, "isatty", lambda: False)
-    asyncio.run(asyncio.wait_for(main._watch(load_config(env={}), _NoServices(), tmp_path, stop), 30))  # type: ignore[arg-type]
+    config = load_config(env={"TURNSTREAM_PROXY_API_KEY": "key-0123456789abcdef"})
+    asyncio.run(asyncio.wait_for(main._watch(config, _NoServices(), tmp_path, stop), 30))  # type: ignore[arg-type]
     assert checked == [1, 2, 3]

@@ -160,6 +160,39 @@ async def test_a_step_whose_samples_are_gone_stops_the_replay_with_the_reason(
         await run(config(kafka, tiny_llama, out, max_steps=1))
 
 
+async def test_a_step_whose_session_was_forgotten_is_replayed_without_it(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+) -> None:
+    """``turnstream forget`` destroys a session's key, so its samples in a step recorded after the last checkpoint
+    can never be read again: the restart replays the step without them (counted) instead of refusing to start,
+    and trains on."""
+    from prometheus_client import REGISTRY
+
+    from services.erasure.sealing import session_keys
+    from services.trainer.checkpoints import StepRecord
+
+    out = tmp_path / "weights"
+    await publish(kafka, [make_sample(i) for i in range(4)])
+    await run(config(kafka, tiny_llama, out, max_steps=1))  # v1, checkpointed at the clean stop
+    store = TrainerStore(out)
+    found = store.latest()
+    assert found is not None and found[0].version == 1
+    step = [make_sample(i) for i in range(4, 8)]  # sessions s1, s2, s0, s1
+    await publish(kafka, step)
+    store.write_step(StepRecord(2, [s.sample_id for s in step], found[0].offsets, found[0].offsets, 8))
+    keys = session_keys(kafka)
+    assert keys is not None and await keys.destroy(["s2"]) == 1
+    await publish(kafka, [make_sample(i) for i in range(8, 12)])  # s2 again, under a new key: readable
+    before = REGISTRY.get_sample_value("turnstream_trainer_dropped_total", {"reason": "forgotten"}) or 0.0
+    await run(config(kafka, tiny_llama, out, max_steps=1))  # replays v2, then trains v3
+    after = REGISTRY.get_sample_value("turnstream_trainer_dropped_total", {"reason": "forgotten"}) or 0.0
+    assert after - before == 1
+    steps = TrainerStore(out).latest()
+    assert steps is not None and steps[0].version == 3
+    assert steps[0].trained[1] == [s.sample_id for s in step if s.session_id != "s2"]
+    assert sorted(steps[0].trained[2]) == sorted(make_sample(i).sample_id for i in range(8, 12))
+
+
 def test_after_a_replay_pending_samples_are_those_the_recorded_run_had_not_resolved() -> None:
     """A replay takes every sample it reads (the recorded run may have read them at another version); after the
     last recorded step, what lies below its safe offsets was resolved then, and the rest is judged stale or
