@@ -5,7 +5,8 @@ container on the network); without a host check a web page the user visits can, 
 user's browser read a console on loopback (its requests carry the attacker's host name). So every request must
 name an allowed host (``console.allowed_hosts``) and carry the token: ``Authorization: Bearer <token>``, or the
 cookie that ``/login?token=<token>`` sets (HttpOnly, SameSite=Strict, so another site's page cannot send it).
-``/healthz`` (it says only "ok") needs no token.
+``/healthz`` (it says only "ok") needs no token, nor ``/favicon.ico`` (an empty answer: the browser asks for it
+without the cookie).
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class Access:
         path = scope["path"]
         if path in OPEN_PATHS:
             await self.app(scope, receive, send)
+            return
+        if path == "/favicon.ico":  # asked by the browser itself, without the login cookie; nothing to show
+            await _send(send, 204, b"")
             return
         if path == "/login":
             given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]

@@ -72,6 +72,10 @@ def test_every_data_route_needs_the_token_and_a_known_host(console: tuple[str, P
 
     with httpx.Client(base_url=url, timeout=30) as http:
         assert http.get("/healthz").status_code == 200
+        icon = http.get(
+            "/favicon.ico"
+        )  # Chromium asks without the cookie; a 401 there is an error in its console
+        assert icon.status_code == 204 and icon.content == b""
         for route in DATA_ROUTES:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Cookie": "turnstream_console=wrong"}):
                 r = http.get(route, headers=headers)

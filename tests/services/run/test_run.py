@@ -150,12 +150,12 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
         for port in engine_ports:
             engine_url = f"http://127.0.0.1:{port}"
             update = {"model_path": str(tmp_path), "weight_version": "9"}
-            for key in (None, api_key):
-                auth = {"Authorization": f"Bearer {key}"} if key else {}
+            for engine_key in (None, api_key):
+                auth = {"Authorization": f"Bearer {engine_key}"} if engine_key else {}
                 r = httpx.post(
                     engine_url + "/update_weights_from_disk", json=update, headers=auth, timeout=30
                 )
-                assert r.status_code == 401, (port, key is None, r.text)
+                assert r.status_code == 401, (port, engine_key is None, r.text)
             assert httpx.get(engine_url + "/v1/models", timeout=30).status_code == 401
             auth = {"Authorization": f"Bearer {api_key}"}
             assert httpx.get(engine_url + "/v1/models", headers=auth, timeout=30).status_code == 200
