@@ -10,8 +10,10 @@ simulated users read a conversation the same way:
   section, with today's date), and an answer's **think block** is dropped by clients that keep the history; neither
   makes a request a different conversation.
 - a **request-only message** is one a client appends to a single request and leaves out of the history it sends
-  later: OpenClaw's ``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` block. It is neither part of the conversation a
-  later request continues nor something the user said.
+  later: OpenClaw's ``<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>`` block, and the instruction it retries an attempt with
+  (``The previous attempt did not produce a user-visible answer. ...`` after an empty answer, which it drops from
+  the history too). It is neither part of the conversation a later request continues nor something the user
+  said.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ _TIMESTAMP = re.compile(
 )
 """OpenClaw's envelope: ``[Wed 2026-12-02 08:52 UTC] `` (weekday, date, time, optional zone)."""
 
-REQUEST_ONLY_MARKERS: tuple[str, ...] = ("<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>",)
-"""Text a request-only message starts with (after leading whitespace)."""
+REQUEST_ONLY_MARKERS: tuple[str, ...] = (
+    "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>",
+    # OpenClaw 2026.9.6's internal prompts (``activateInternalPrompt``: sent once, never persisted to its history):
+    "The previous attempt did not produce a user-visible answer.",
+    "The previous assistant turn recorded reasoning but did not produce a user-visible answer.",
+    "The previous assistant turn completed its tool calls but did not produce a user-visible answer.",
+    "The previous attempt compacted the conversation context before producing a final user-visible answer.",
+    "Before accepting the previous final answer, apply this revision request",
+)
+"""Text a request-only message starts with (after leading whitespace and a client's envelope)."""
 
 VOLATILE_SECTIONS: tuple[tuple[str, str], ...] = (
     ("<!-- openclaw:attempt:DYNAMIC -->", "<!-- /openclaw:attempt:DYNAMIC -->"),
@@ -81,7 +91,7 @@ def request_only(message: Message | Mapping[str, Any]) -> bool:
         role, content = message.get("role"), message.get("content")
     if role != "user":
         return False
-    return _text(content).lstrip().startswith(REQUEST_ONLY_MARKERS)
+    return unwrap(_text(content)).lstrip().startswith(REQUEST_ONLY_MARKERS)
 
 
 def conversation(messages: list[Message]) -> list[Message]:

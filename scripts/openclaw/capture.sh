@@ -6,9 +6,11 @@
 # same), lean-affinity.jsonl (--lean --affinity; session S1, 3 messages), tools.jsonl (default config with the
 # server's --mode tools: reasoning_content on every reply and a tool call (`ls`) answering each request without a
 # tool result, text padded with whitespace; session S1, 3 messages), think.jsonl (--lean with the server's
-# --mode think: replies carry an inline <think>...</think> block; session S1, 3 messages). Wall time per turn
+# --mode think: replies carry an inline <think>...</think> block; session S1, 3 messages), empty.jsonl (--lean with
+# the server's --mode empty: requests 1 and 3 are answered with nothing, and OpenClaw retries each with an
+# instruction; session S1, 3 messages). Wall time per turn
 # goes to stderr and OUT_DIR/timings.tsv.
-# Settings: CAPTURE_PORT (8011), CAPTURE_SCENARIOS ("default lean lean-affinity tools think"), TURNSTREAM_CACHE.
+# Settings: CAPTURE_PORT (8011), CAPTURE_SCENARIOS ("default lean lean-affinity tools think empty"), TURNSTREAM_CACHE.
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 cd "$REPO_ROOT"
@@ -58,13 +60,14 @@ scenario() {
     log "$name: $(wc -l <"$capture") requests, $(wc -c <"$capture") bytes in $capture"
 }
 
-for name in ${CAPTURE_SCENARIOS:-default lean lean-affinity tools think}; do
+for name in ${CAPTURE_SCENARIOS:-default lean lean-affinity tools think empty}; do
     case "$name" in
         default) scenario default text "" S1 S2 ;;
         lean) scenario lean text "--lean" S1 S2 ;;
         lean-affinity) scenario lean-affinity text "--lean --affinity" S1 ;;
         tools) scenario tools tools "" S1 ;;
         think) scenario think think "--lean" S1 ;;
+        empty) scenario empty empty "--lean" S1 ;;
         *) die "unknown scenario $name" ;;
     esac
 done

@@ -12,7 +12,8 @@ With --mode tools each reply also streams reasoning_content ("Thinking about req
 with whitespace ("\n\nAnswer number N.  \n"), and a request whose messages hold no role "tool" message is answered
 with one tool call instead of text: `ls` {"path": "."} when the request offers `ls`, else `tool_search`
 {"query": "session status"}, with id "call_reqN_0". With --mode think the text carries an inline think block
-("<think>\nPondering request N.\n</think>\n\nAnswer number N.") and no reasoning_content.
+("<think>\nPondering request N.\n</think>\n\nAnswer number N.") and no reasoning_content. With --mode empty
+requests 1 and 3 get an empty answer (no text, zero completion tokens), which OpenClaw retries with an instruction.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 MODEL = "turnstream"
+EMPTY_ANSWERS = (1, 3)
+"""The requests --mode empty answers with nothing."""
 
 
 TOOL_CHOICES = (("ls", {"path": "."}), ("tool_search", {"query": "session status"}))
@@ -84,6 +87,8 @@ def make_app(out_path: str, mode: str = "text") -> Starlette:
             text = f"\n\n{text}  \n"
         elif mode == "think":
             text = f"<think>\nPondering request {n}.\n</think>\n\n{text}"
+        elif mode == "empty" and n in EMPTY_ANSWERS:
+            text = ""
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         model = body.get("model") or MODEL
@@ -204,7 +209,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--out", required=True, help="JSONL file each request is appended to")
-    parser.add_argument("--mode", choices=("text", "tools", "think"), default="text", help="see above")
+    parser.add_argument(
+        "--mode", choices=("text", "tools", "think", "empty"), default="text", help="see above"
+    )
     args = parser.parse_args()
     uvicorn.run(make_app(args.out, args.mode), host=args.host, port=args.port, log_level="warning")
 

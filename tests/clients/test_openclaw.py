@@ -19,16 +19,18 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from schemas import Judgment, Sample, Turn
-from schemas.topics import SAMPLES
+from schemas import Judgment, Sample, SessionEnded, Turn
+from schemas.topics import SAMPLES, SESSIONS_ENDED
 from services.config import Config, DispatcherConfig, JudgeConfig, KafkaConfig, RedisConfig
 from services.dispatcher.worker import run_dispatcher
+from services.envelopes import conversation, request_only, visible_answer
 from services.judge.worker import run_judge
 from tests.kafka_wait import wait_for_events
+from tests.metrics import scraped
 from tests.services.judge.conftest import wait_for_judgments
 from tests.services.proxy.conftest import ProxyProcess, pair_all, wait_for_turns
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "openclaw.sh"
 MESSAGES = ("What is 2+2?", "No, answer in one word.", "Thanks.")
 
@@ -56,6 +58,11 @@ def openclaw_session(turn: Turn) -> str:
     return found.group(1)
 
 
+def retry(turn: Turn) -> bool:
+    """Whether OpenClaw sent this turn's request to retry an attempt: it ends with its one-time instruction."""
+    return request_only(turn.messages[-1]) and "user-visible answer" in turn.messages[-1].text
+
+
 async def test_stock_openclaw_sessions_become_paired_sessions(
     proxy: ProxyProcess, proxy_env: dict[str, str], kafka: KafkaConfig, tmp_path: Path
 ) -> None:
@@ -65,15 +72,39 @@ async def test_stock_openclaw_sessions_become_paired_sessions(
         for session in ("alpha", "beta"):
             await asyncio.to_thread(agent, state, session, message)
     turns = await wait_for_turns(kafka, 6)
-    sessions: dict[str, set[str]] = {}
-    for t in turns:
-        sessions.setdefault(openclaw_session(t), set()).add(t.session_id)
-    assert sessions.keys() == {"alpha", "beta"}
-    assert all(len(ids) == 1 for ids in sessions.values()), sessions  # one turnstream session each
-    indexes = {
-        sid: sorted(t.turn_index for t in turns if t.session_id == sid) for (sid,) in sessions.values()
+    by_claw: dict[str, list[Turn]] = {}
+    for t in sorted(turns, key=lambda t: t.created_at):
+        by_claw.setdefault(openclaw_session(t), []).append(t)
+    assert by_claw.keys() == {"alpha", "beta"}
+    # One turnstream session per OpenClaw session, but for OpenClaw's own retries: an empty answer is asked again
+    # with the same history plus an instruction sent once (fixtures/openclaw/empty.jsonl), a regenerate, which
+    # starts a session (a branch, or a new one for an opening) and closes a superseded turn as `regenerated`.
+    ended: list[SessionEnded] = await wait_for_events(kafka, SESSIONS_ENDED, lambda _: True, 1)
+    regenerated = {(e.session_id, e.after_turn_index) for e in ended if e.reason == "regenerated"}
+    story = {
+        claw: [(t.session_id, t.turn_index, retry(t), t.response.text[:40]) for t in ts]
+        for claw, ts in by_claw.items()
     }
-    assert all(ix == list(range(1, len(ix) + 1)) and len(ix) >= 3 for ix in indexes.values()), indexes
+    for ts in by_claw.values():
+        retries = [t for t in ts if retry(t)]
+        assert all(t.turn_index == 1 for t in retries), story
+        assert len({t.session_id for t in ts}) == 1 + len(retries), story
+        for (
+            t
+        ) in retries:  # what it retried: the attempt before it with the same history, answered with nothing
+            tried = next(
+                u for u in reversed(ts[: ts.index(t)]) if conversation(u.messages) == conversation(t.messages)
+            )
+            assert not visible_answer(tried.response.text).strip() and not tried.response.tool_calls, story
+            if tried.turn_index > 1:
+                assert (tried.session_id, tried.turn_index) in regenerated, (story, regenerated)
+    indexes: dict[str, list[int]] = {}
+    for t in turns:
+        indexes.setdefault(t.session_id, []).append(t.turn_index)
+    assert all(sorted(ix) == list(range(1, len(ix) + 1)) for ix in indexes.values()), indexes
+    assert scraped(proxy.url, "turnstream_proxy_sessions_total", how="unresolved") == 0
+    assert scraped(proxy.url, "turnstream_proxy_sessions_total", how="explicit") == 0
+    print(json.dumps(story, indent=1))  # shown when a later check fails
     config = Config(
         kafka=kafka,
         redis=RedisConfig(
@@ -81,7 +112,11 @@ async def test_stock_openclaw_sessions_become_paired_sessions(
         ),
         judge=JudgeConfig(backend="rules"),
     )
-    pairs = await pair_all(config, expect=len(turns) - 2)
+    # Every turn is paired but each session's last one, unless a regenerate closed it (an opening OpenClaw retried
+    # stays open until the idle sweep).
+    open_sessions = set(indexes) - {sid for sid, _ in regenerated}
+    pairs = await pair_all(config, expect=len(turns) - len(open_sessions))
+    assert len(pairs) == len(turns) - len(open_sessions), story
     assert not any(p.misaligned for p in pairs)
     corrections = [
         p for p in pairs if p.next_state and any("No, answer in one word." in m.text for m in p.next_state)

@@ -205,6 +205,8 @@ async def test_resolve_continues_branches_supersedes_and_gives_back(
 
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openclaw"
+EMPTY_ANSWERS = (1, 3)
+"""The requests ``capture_server.py --mode empty`` answered with nothing."""
 
 
 def captured(name: str) -> list[tuple[dict[str, str], dict[str, Any]]]:
@@ -220,6 +222,8 @@ def capture_reply(n: int, mode: str, request: dict[str, Any]) -> dict[str, Any]:
         text = f"\n\n{text}  \n"
     elif mode == "think":
         text = f"<think>\nPondering request {n}.\n</think>\n\n{text}"
+    elif mode == "empty" and n in EMPTY_ANSWERS:
+        text = ""
     answer: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": None}
     if mode == "tools":
         answer["reasoning_content"] = f"Thinking about request {n}."
@@ -269,3 +273,22 @@ def test_stock_openclaws_captured_requests_continue_their_own_session_only(name:
             assert continues is None
         made[sid] = answered(chain.state, capture_reply(n, mode, request))
     assert len(requests) - len(made) >= 2  # continuations were checked
+
+
+def test_openclaws_retry_of_an_empty_answer_is_a_regenerate_and_the_conversation_goes_on() -> None:
+    """What stock OpenClaw sent after empty answers (fixtures/openclaw/empty.jsonl): it asks again with the same
+    history plus an instruction it sends once, then keeps only the retry's answer. The instruction is request-only:
+    the retry continues what the empty attempt continued (a regenerate: ``resolve`` branches it and closes the
+    empty turn when it was its session's newest), and the next request continues the retry's answer."""
+    requests = captured("empty")
+    assert len(requests) == 5
+    chains = [links(headers, request) for headers, request in requests]
+    made = [
+        answered(c.state, capture_reply(n, "empty", r))
+        for n, (c, (_, r)) in enumerate(zip(chains, requests, strict=True), 1)
+    ]
+    assert chains[0].continues is None and chains[1].continues is None  # the opening, then its retry
+    assert chains[2].continues == made[1]  # "No, answer in one word." continues the retry's answer
+    assert chains[3].continues == chains[2].continues  # its retry continues the same answer: a branch
+    assert chains[4].continues == made[3]  # "Thanks." continues the second retry's answer
+    assert made[1] != made[0] and made[3] != made[2]
