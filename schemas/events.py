@@ -506,22 +506,25 @@ class EvalAnswer(msgspec.Struct, frozen=True):
     question: str
     answer: str
     satisfied: dict[str, bool]
-    """Persona name -> whether the answer meets that persona's preference."""
+    """Persona (or an evaluation set's check) name -> whether the answer meets it."""
     completion_tokens: int = 0
 
 
 class EvalResult(Event, frozen=True, tag="eval_result"):
-    """The held-out evaluation of one weight version: a fixed question set that training traffic never asks,
-    answered greedily by the engine serving ``version``, each answer scored by every persona's preference check.
-    ``scores`` is derived from ``answers`` (checked): a reader can recompute and audit every figure."""
+    """The evaluation of one weight version on one question set, answered greedily by ``version``: the held-out set
+    (questions training traffic never asks, each answer scored by every persona's preference check) or a team's
+    own evaluation set (``services/eval/sets.py``: each answer judged by its case's checks only). ``scores`` is
+    derived from ``answers`` (checked): each name's score is the share of the answers judged for it that met it,
+    so a reader can recompute and audit every figure."""
 
     version: int
     """The weight version the engine served for every answer (0: the starting weights)."""
     question_set: str
-    """Names the held-out set (a digest of its questions), so results of different sets are never mixed."""
+    """Names the question set (the held-out one's or an evaluation set's, with a digest of its contents), so results
+    of different sets are never mixed."""
     answers: list[EvalAnswer]
     scores: dict[str, float]
-    """Persona name -> the share of answers meeting its preference."""
+    """Persona (or check) name -> the share of the answers judged for it that meet it."""
     model: str
     evaluated_at: float
     duration_s: float = 0.0
@@ -539,20 +542,28 @@ class EvalResult(Event, frozen=True, tag="eval_result"):
         if not personas:
             _fail("scores", "must score at least one persona")
         for i, a in enumerate(self.answers):
-            if set(a.satisfied) != personas:
+            if not a.satisfied or not set(a.satisfied) <= personas:
                 _fail(
                     "answers",
                     f"answer {i} is judged for {sorted(a.satisfied)}, the scores for {sorted(personas)}",
                 )
             if a.completion_tokens < 0:
                 _fail("answers", f"answer {i}: completion_tokens must be >= 0")
-        n = len(self.answers)
         for name, score in self.scores.items():
-            met = sum(1 for a in self.answers if a.satisfied[name])
+            judged = [a.satisfied[name] for a in self.answers if name in a.satisfied]
+            if not judged:
+                _fail("scores", f"{name}: no answer is judged for it")
+            met, n = sum(judged), len(judged)
             if abs(score - met / n) > 1e-9:
                 _fail("scores", f"{name}: {score} is not the share of satisfied answers ({met}/{n})")
         if self.duration_s < 0:
             _fail("duration_s", f"must be >= 0, got {self.duration_s}")
+
+    @property
+    def overall(self) -> float:
+        """One figure for the result: the share of all (answer, name) outcomes that were met."""
+        outcomes = [ok for a in self.answers for ok in a.satisfied.values()]
+        return sum(outcomes) / len(outcomes)
 
 
 class DeadLetter(Event, frozen=True, tag="dead_letter"):

@@ -166,6 +166,19 @@ def _parser() -> argparse.ArgumentParser:
         "eval", help="the held-out evaluation of each weight version the engine serves (-> evals)"
     )
     ev.add_argument("--engine-url", help="the policy engine (default: eval.engine_url, else engine.url)")
+    ev.add_argument(
+        "--set",
+        action="append",
+        dest="sets",
+        metavar="FILE",
+        help="score an evaluation set (JSONL, docs/evaluation.md) once and exit, instead of serving (repeat)",
+    )
+    ev.add_argument(
+        "--version",
+        type=int,
+        help="with --set: the version to score (LoRA: any loaded adapter; full weights: the served one)",
+    )
+    ev.add_argument("--no-publish", action="store_true", help="with --set: print only, do not write to evals")
 
     con = sub.add_parser("console", help="the web console: pipeline, sessions, turn inspector, versions")
     con.add_argument("--host", help="default: console.host (127.0.0.1)")
@@ -467,6 +480,33 @@ def _simulate(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_sets(config: Config, args: argparse.Namespace) -> int:
+    """``turnstream eval --set FILE``: one version scored on each set, a JSON line per set on stdout."""
+    from services.eval.set_runner import SetRunError, evaluate_sets
+    from services.evalsets import EvalSetError, load_set
+
+    try:
+        config = _override(config, "eval", {"engine_url": args.engine_url})
+        sets = [load_set(path) for path in args.sets]
+        results = asyncio.run(evaluate_sets(config, sets, args.version, publish=not args.no_publish))
+    except (ConfigError, EvalSetError, SetRunError) as exc:
+        print(f"turnstream eval: {exc}", file=sys.stderr)
+        return 2
+    for evalset, r in zip(sets, results, strict=True):
+        line = {
+            "set": evalset.name,
+            "question_set": r.question_set,
+            "version": r.version,
+            "cases": len(r.answers),
+            "scores": r.scores,
+            "overall": r.overall,
+            "duration_s": round(r.duration_s, 2),
+            "published": not args.no_publish,
+        }
+        print(msgspec.json.encode(line).decode())
+    return 0
+
+
 def _override(config: Config, section: str, values: dict[str, object]) -> Config:
     """``config`` with the command-line flags that were given, validated like the config file's values."""
     given = {k: v for k, v in values.items() if v is not None}
@@ -560,6 +600,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"turnstream run: {exc}", file=sys.stderr)
             return 2
         return asyncio.run(run_pipeline(config, args.config))
+    if args.command == "eval" and args.sets:
+        return _eval_sets(config, args)
     if args.command in _WORKERS:
         return _worker(config, args)
     if args.command == "console":

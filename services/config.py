@@ -484,11 +484,40 @@ class EvalConfig(_Section):
     concurrency: PositiveInt = 4
     poll_s: PositiveFloat = 2.0
     """How often the engine's served version is checked."""
+    sets: list[str] = msgspec.field(default_factory=list)
+    """Evaluation set files (JSONL, ``services/evalsets.py``) scored for each version beside the held-out set,
+    each result on ``evals``; gates name them (docs/evaluation.md). Rubric checks ask ``judge.engine_url``."""
     hold_reload_s: NonNegFloat = 300.0
     """While a version is evaluated, the proxy's reloader waits (at most this long) before loading a newer one, so
     every version the engine serves is evaluated even when versions come faster than an evaluation takes (CPU
     runs): training traffic is served by the older version meanwhile (an evaluation takes seconds on a GPU,
     ~20 s on this CPU). 0: never wait; versions served too briefly are then skipped and counted."""
+
+
+class GateConfig(_Section):
+    """Guarded learning (docs/evaluation.md): a weight version is a candidate until its evaluations pass the gate,
+    and only promoted versions are served."""
+
+    enabled: bool = False
+    """Off: every version the trainer publishes is served at once, as without a gate."""
+    mechanism: Literal["adapter", "serve-then-check"] = "adapter"
+    """How a candidate is evaluated before users rely on it: ``adapter`` (LoRA only): loaded beside the promoted
+    adapter and evaluated by name, no user sees it first; ``serve-then-check`` (full weights, one server holds one
+    set of weights): served, evaluated at once, and rolled back within that one evaluation when it fails."""
+    margin: NonNegFloat = 0.05
+    """How far any score (each persona's or check's, and the overall share) may fall below the promoted version's."""
+    heldout: bool = True
+    """Gate on the held-out set (``turnstream eval``'s personas)."""
+    sets: list[str] = msgspec.field(default_factory=list)
+    """Evaluation set files (``eval.sets`` entries) whose scores the gate also requires."""
+    figure_max: dict[str, float] = msgspec.field(default_factory=dict)
+    """Upper bounds on the candidate's trainer figures (``WeightsPublished.figures``: e.g. ``{kl = 0.05}``, KL
+    from the reference, or ``kl_rollout``); a figure the step did not report fails its bound."""
+    max_mean_words: NonNegFloat = 0.0
+    """Upper bound on the held-out answers' mean length in words (0: none): drift into long answers fails."""
+    restore_after: PositiveInt = 3
+    """Consecutive rejected candidates after which the trainer restores the last promoted version's weights and
+    optimiser state and trains on from there."""
 
 
 class ConsoleConfig(_Section):
@@ -562,6 +591,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dispatcher: DispatcherConfig = msgspec.field(default_factory=DispatcherConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    gate: GateConfig = msgspec.field(default_factory=GateConfig)
     console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
@@ -587,6 +617,13 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 f" pairer.state_ttl_s ({longest:g}): a session's numbering would restart while its old turn ids"
                 " are still remembered"
             )
+        if self.gate.enabled and self.gate.mechanism == "adapter" and not self.lora_adapters:
+            raise ValueError(
+                "gate.mechanism = 'adapter' evaluates a candidate adapter beside the promoted one: it needs"
+                " trainer.lora.enabled with publish = 'adapter'; with full weights use 'serve-then-check'"
+            )
+        if missing := sorted(set(self.gate.sets) - set(self.eval.sets)):
+            raise ValueError(f"gate.sets {missing} are not scored: add them to eval.sets")
         spec = mode_spec(self.dispatcher.mode)
         if spec.needs_eval and not spec.needs_hint and not self.judge.eval_mode:
             raise ValueError(

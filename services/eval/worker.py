@@ -8,7 +8,9 @@ version served is evaluated even when versions come faster than an evaluation ta
 that version (the engine reports which version made each token): if the engine moved on anyway (the hold expired,
 no Redis, another proxy without it) the result is discarded and the newer version evaluated instead. Versions
 the engine passed over before they could be evaluated are counted, not guessed. The versions already evaluated
-are read back from ``evals`` at start, so a restart evaluates none twice.
+are read back from ``evals`` at start, so a restart evaluates none twice. The evaluation sets of ``eval.sets``
+(``services/evalsets.py``) are scored for the same version under the same hold, and go to ``evals`` before its
+held-out result (the held-out result marks the version done).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from services.bus import EventProducer, read_topic
 from services.config import Config, RedisConfig
 from services.engine_client import EngineClient, EngineError, adapter_name, close_engine_pool, weight_versions
 from services.eval.heldout import judged, question_set_id, result
+from services.eval.set_runner import SetRunError, engine_asker, engine_rubric, judge_client, run_set
+from services.evalsets import Rubric, load_set
 from services.metrics import serve_metrics
 from services.personas import Persona, by_name, heldout_questions
 
@@ -172,6 +176,13 @@ async def run_eval(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     serve_metrics(config.metrics.port, config.metrics.host)
+    sets = [load_set(path) for path in ec.sets]  # a bad file stops the start, naming its line
+    if any(c.rubric is not None for s in sets for case in s.cases for c in case.checks):
+        judge, judge_model = judge_client(config)
+        rubric: Rubric | None = engine_rubric(judge, judge_model)
+    else:
+        rubric = None
+    ask = engine_asker(engine, ec.max_tokens, config.lora_adapters, ec.concurrency)
     question_set = question_set_id(questions)
     done = await evaluated_versions(config, question_set)
     last = max(done, default=-1)
@@ -188,7 +199,19 @@ async def run_eval(
                         if await evaluator.served() != now:
                             continue
                         evaluated = await evaluator.evaluate(version, model)
+                        scored_sets = []
+                        if evaluated is not None:
+                            try:
+                                scored_sets = [await run_set(s, version, model, ask, rubric) for s in sets]
+                            except SetRunError as exc:
+                                DISCARDED.labels("version_changed").inc()
+                                log.info(
+                                    "an evaluation set was not scored; discarded", extra={"error": str(exc)}
+                                )
+                                evaluated = None
                     if evaluated is not None:
+                        for scored_set in scored_sets:
+                            await producer.send(EVALS, scored_set, str(version))
                         await producer.send(EVALS, evaluated, str(version))
                         if last >= 0 and version > last + 1:
                             SKIPPED.inc(version - last - 1)
