@@ -19,6 +19,8 @@ from schemas.events import (
     TeacherScores,
     ToolCall,
     Turn,
+    VersionCheck,
+    VersionDecision,
     Vote,
     WeightsPublished,
 )
@@ -49,6 +51,8 @@ __all__ = [
     "TopicSpec",
     "Turn",
     "UnknownMode",
+    "VersionCheck",
+    "VersionDecision",
     "Vote",
     "WeightsPublished",
     "decode",

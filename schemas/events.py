@@ -566,6 +566,52 @@ class EvalResult(Event, frozen=True, tag="eval_result"):
         return sum(outcomes) / len(outcomes)
 
 
+VERSION_STATES = frozenset(
+    {"candidate", "promoted", "rejected", "rolled_back", "pinned", "unpinned", "restored"}
+)
+"""What a decision makes of a version: ``candidate`` (published, not yet served under a gate), ``promoted``
+(served), ``rejected`` (failed its gate, never served), ``rolled_back`` (was served, taken back), ``pinned`` /
+``unpinned`` (serving frozen at it while training goes on, and released), ``restored`` (the trainer went back to
+its weights and optimiser state after ``gate.restore_after`` rejected candidates)."""
+DECIDERS = frozenset({"gate", "manual", "trainer"})
+
+
+class VersionCheck(msgspec.Struct, frozen=True):
+    """One comparison behind a gate's decision: ``value`` against ``bound`` (the least a score may be, or with
+    ``at_most`` the most a figure or a length may be)."""
+
+    name: str
+    value: float
+    bound: float
+    passed: bool
+    at_most: bool = False
+
+
+class VersionDecision(Event, frozen=True, tag="version_decision"):
+    """A decision about which weight version users are served (guarded learning, docs/evaluation.md). The whole
+    history is kept and replayed: the served version is the fold of every decision, so a restarted proxy, the
+    trainer and the console agree on it."""
+
+    version: int
+    state: str
+    reason: str
+    by: str
+    """``gate``, ``manual`` (``turnstream versions``) or ``trainer`` (a restore)."""
+    decided_at: float
+    checks: list[VersionCheck] = msgspec.field(default_factory=list)
+    """What the gate compared (empty for manual decisions)."""
+    against: int | None = None
+    """The promoted version the candidate was compared with."""
+
+    def __post_init__(self) -> None:
+        _require_schema_version(self.schema_version)
+        if self.version < 0:
+            _fail("version", f"must be >= 0, got {self.version}")
+        _require_in("state", self.state, VERSION_STATES)
+        _require_in("by", self.by, DECIDERS)
+        _require_id("reason", self.reason)
+
+
 class DeadLetter(Event, frozen=True, tag="dead_letter"):
     """A record a consumer could not use, with where it came from and why. Its payload is kept verbatim, unless
     the letter would not fit a Kafka record: then ``payload`` is empty and ``payload_omitted_bytes`` and
@@ -608,5 +654,6 @@ EVENT_TYPES: Final[tuple[type[Event], ...]] = (
     Sample,
     WeightsPublished,
     EvalResult,
+    VersionDecision,
     DeadLetter,
 )

@@ -18,6 +18,7 @@ from schemas.events import (
     SessionEnded,
     TeacherScores,
     Turn,
+    VersionDecision,
     WeightsPublished,
 )
 
@@ -145,6 +146,14 @@ EVALS: Final = TopicSpec(
     -1,
     description="the held-out evaluation of each weight version; kept forever (the learning curve)",
 )
+VERSIONS: Final = TopicSpec(
+    "versions",
+    VersionDecision,
+    '"policy"',
+    1,
+    -1,
+    description="which weight version is served: each gate, manual and trainer decision; kept forever (replayed)",
+)
 DEADLETTER: Final = TopicSpec(
     "deadletter",
     DeadLetter,
@@ -164,6 +173,7 @@ ALL_TOPICS: Final[tuple[TopicSpec, ...]] = (
     SAMPLES,
     WEIGHTS,
     EVALS,
+    VERSIONS,
     DEADLETTER,
 )
 BY_BASE: Final[dict[str, TopicSpec]] = {t.base: t for t in ALL_TOPICS}

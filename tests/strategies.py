@@ -20,6 +20,8 @@ from schemas import (
     TeacherScores,
     ToolCall,
     Turn,
+    VersionCheck,
+    VersionDecision,
     Vote,
     WeightsPublished,
 )
@@ -259,6 +261,29 @@ sessions_ended = st.builds(
     ended_at=timestamps,
 )
 
+version_decisions = st.builds(
+    VersionDecision,
+    version=st.integers(0, 10**6),
+    state=st.sampled_from(
+        ["candidate", "promoted", "rejected", "rolled_back", "pinned", "unpinned", "restored"]
+    ),
+    reason=ids,
+    by=st.sampled_from(["gate", "manual", "trainer"]),
+    decided_at=timestamps,
+    checks=st.lists(
+        st.builds(
+            VersionCheck,
+            name=ids,
+            value=st.floats(allow_nan=False),
+            bound=st.floats(allow_nan=False),
+            passed=st.booleans(),
+            at_most=st.booleans(),
+        ),
+        max_size=3,
+    ),
+    against=st.none() | st.integers(0, 10**6),
+)
+
 ALL_EVENTS = {
     Turn: turns(),
     SessionEnded: sessions_ended,
@@ -268,6 +293,7 @@ ALL_EVENTS = {
     Sample: samples(),
     WeightsPublished: weights_published,
     EvalResult: eval_results(),
+    VersionDecision: version_decisions,
     DeadLetter: dead_letters,
 }
 
@@ -352,6 +378,15 @@ def example_events(session_id: str = "s1") -> dict[type, object]:
             scores={"plain-short": 0.5, "sign-off": 0.5},
             model="smollm2",
             evaluated_at=now,
+        ),
+        VersionDecision: VersionDecision(
+            version=1,
+            state="promoted",
+            reason="passed 3 checks",
+            by="gate",
+            decided_at=now,
+            checks=[VersionCheck("heldout-0123abcd:overall", 0.5, 0.45, True)],
+            against=0,
         ),
         DeadLetter: DeadLetter(
             source_topic="turns",

@@ -21,6 +21,7 @@ from schemas import (
     Sample,
     TeacherScores,
     Turn,
+    VersionDecision,
     WeightsPublished,
     decode,
     encode,
@@ -105,6 +106,11 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (EvalResult, {"scores": {"plain-short": 1.0, "sign-off": 0.5}}, "scores"),  # not what the answers say
     (EvalResult, {"scores": {"plain-short": 0.5}}, "answers"),  # answers judged for a persona not scored
     (EvalResult, {"question_set": ""}, "question_set"),
+    # VersionDecision
+    (VersionDecision, {"state": "approved"}, "state"),
+    (VersionDecision, {"by": "someone"}, "by"),
+    (VersionDecision, {"version": -1}, "version"),
+    (VersionDecision, {"reason": ""}, "reason"),
     # DeadLetter
     (DeadLetter, {"error_kind": "oops"}, "error_kind"),
     (DeadLetter, {"source_offset": -1}, "source_offset"),
