@@ -602,6 +602,9 @@ class VersionDecision(Event, frozen=True, tag="version_decision"):
     """What the gate compared (empty for manual decisions)."""
     against: int | None = None
     """The promoted version the candidate was compared with."""
+    figures: dict[str, float] = msgspec.field(default_factory=dict)
+    """The trainer's figures for the version (``WeightsPublished.figures``), copied when it became a candidate:
+    ``weights`` keeps only the newest version."""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)

@@ -180,6 +180,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--no-publish", action="store_true", help="with --set: print only, do not write to evals")
 
+    versions = sub.add_parser(
+        "versions",
+        help="weight versions with their state, gate results and figures; promote, roll back, pin by hand",
+    )
+    vsub = versions.add_subparsers(dest="versions_command")
+    vlist = vsub.add_parser("list", help="every version (the default)")
+    vlist.add_argument("--json", action="store_true", help="the listing as JSON")
+    vsub.add_parser("promote", help="serve version N (a manual decision on `versions`)").add_argument(
+        "version", type=int
+    )
+    vsub.add_parser(
+        "rollback", help="take back version N (default: the promoted one); the one promoted before is served"
+    ).add_argument("version", type=int, nargs="?")
+    vsub.add_parser("pin", help="serve version N whatever is promoted, while training goes on").add_argument(
+        "version", type=int
+    )
+    vsub.add_parser("unpin", help="serve the promoted version again")
+
     con = sub.add_parser("console", help="the web console: pipeline, sessions, turn inspector, versions")
     con.add_argument("--host", help="default: console.host (127.0.0.1)")
     con.add_argument("--port", type=int, help="default: console.port (8080)")
@@ -480,6 +498,32 @@ def _simulate(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _versions(config: Config, args: argparse.Namespace) -> int:
+    from services.versions.main import VersionsError, decide, history, listing, table
+
+    action = args.versions_command or "list"
+    if action == "list":
+        shown = listing(*asyncio.run(history(config)))
+        print(
+            msgspec.json.format(msgspec.json.encode(shown).decode())
+            if getattr(args, "json", False)
+            else table(shown)
+        )
+        return 0
+    try:
+        decision = asyncio.run(decide(config, action, getattr(args, "version", None)))
+    except VersionsError as exc:
+        print(f"turnstream versions {action}: {exc}", file=sys.stderr)
+        return 2
+    print(msgspec.json.encode(decision).decode())
+    print(
+        "turnstream versions: recorded on `versions`; the proxy's reloader does not act on decisions yet (it serves"
+        " the newest version until the gate lands, docs/evaluation.md)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _eval_sets(config: Config, args: argparse.Namespace) -> int:
     """``turnstream eval --set FILE``: one version scored on each set, a JSON line per set on stdout."""
     from services.eval.set_runner import SetRunError, evaluate_sets
@@ -620,6 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "forget":
         return _forget(config, args)
+    if args.command == "versions":
+        return _versions(config, args)
     if args.command == "replay":
         from services.replay.main import run_replay
 
