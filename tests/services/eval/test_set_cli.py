@@ -1,9 +1,11 @@
 """``turnstream eval --set FILE`` as a user runs it, against the real SGLang server (the policy, and the same server
 as the rubric's judge) and broker: the shipped example set is scored for the served version, the printed scores
-are the checks of the answers the engine gave, the result is on ``evals``, and wrong requests are refused."""
+are the checks of the answers the engine gave, the result is on ``evals``, wrong requests are refused, and the eval
+service scores its sets for each version beside the held-out set."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,9 +17,13 @@ import pytest
 from schemas import EvalResult
 from schemas.topics import EVALS
 from services.bus import read_topic
-from services.config import KafkaConfig
+from services.config import Config, EngineConfig, EvalConfig, JudgeConfig, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
+from services.eval.heldout import question_set_id
+from services.eval.worker import run_eval
 from services.evalsets import load_set, passes
+from services.personas import heldout_questions
+from tests.kafka_wait import wait_for_events
 
 pytestmark = pytest.mark.integration
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "evalsets" / "personas.jsonl"
@@ -82,3 +88,27 @@ def test_wrong_requests_are_refused_with_the_reason(env: dict[str, str], tmp_pat
     refused = turnstream_eval(env, "--set", str(bad))
     assert refused.returncode == 2
     assert f"{bad}:2" in refused.stderr and "regex" in refused.stderr
+
+
+async def test_the_eval_service_scores_its_sets_for_each_version_beside_the_heldout_set(
+    kafka: KafkaConfig, redis_config: RedisConfig, engine: EngineProcess
+) -> None:
+    config = Config(
+        kafka=kafka,
+        redis=redis_config,
+        engine=EngineConfig(url=engine.url),
+        judge=JudgeConfig(engine_url=engine.url),
+        eval=EvalConfig(poll_s=0.5, max_tokens=16, sets=[str(EXAMPLE)], hold_reload_s=0),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_eval(config, install_signals=False, stop=stop))
+    try:
+        found: list[EvalResult] = await wait_for_events(kafka, EVALS, lambda rs: len(rs) >= 2, 300)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+    assert [(r.version, r.question_set) for r in found] == [
+        (0, load_set(EXAMPLE).set_id),  # the set first: the held-out result marks the version done
+        (0, question_set_id(heldout_questions())),
+    ]
+    assert found[0].scores.keys() == {"correct", "helpful", "plain-short", "sign-off"}
