@@ -567,11 +567,12 @@ class EvalResult(Event, frozen=True, tag="eval_result"):
 
 
 VERSION_STATES = frozenset(
-    {"candidate", "promoted", "rejected", "rolled_back", "pinned", "unpinned", "restored"}
+    {"candidate", "promoted", "rejected", "rolled_back", "superseded", "pinned", "unpinned", "restored"}
 )
 """What a decision makes of a version: ``candidate`` (published, not yet served under a gate), ``promoted``
 (served), ``rejected`` (failed its gate, never served), ``rolled_back`` (was served, taken back), ``pinned`` /
-``unpinned`` (serving frozen at it while training goes on, and released), ``restored`` (the trainer went back to
+``unpinned`` (serving frozen at it while training goes on, and released), ``superseded`` (a newer candidate
+arrived before it was judged: never evaluated, not a failure), ``restored`` (the trainer went back to
 its weights and optimiser state after ``gate.restore_after`` rejected candidates)."""
 DECIDERS = frozenset({"gate", "manual", "trainer"})
 

@@ -1,0 +1,102 @@
+"""What the gate decides from what it has read (``services/gate/decide.py``): each announced version becomes a
+candidate once, the newest is judged against the promoted version when both are evaluated, older undecided ones are
+superseded, a failure is a rejection (adapter) or a rollback (serve-then-check), and replaying the same history
+decides nothing again."""
+
+from __future__ import annotations
+
+from schemas import EvalAnswer, EvalResult, VersionDecision, WeightsPublished
+from services.config import GateConfig
+from services.gate.decide import GateState
+
+HELD = "heldout-16-abc"
+
+
+def weights(v: int, **figures: float) -> WeightsPublished:
+    return WeightsPublished(
+        version=v, path=f"/w/v{v}", base_model="smollm2", step=v, created_at=0.0, figures=figures
+    )
+
+
+def held(v: int, met: int, of: int = 4) -> EvalResult:
+    answers = [EvalAnswer(f"q{i}", "a", {"plain-short": i < met}) for i in range(of)]
+    return EvalResult(
+        version=v,
+        question_set=HELD,
+        answers=answers,
+        scores={"plain-short": met / of},
+        model="m",
+        evaluated_at=0.0,
+    )
+
+
+def gate(**config: object) -> GateState:
+    return GateState(GateConfig(enabled=True, **config), [HELD], HELD)  # type: ignore[arg-type]
+
+
+def states(decisions: list[VersionDecision]) -> list[tuple[int, str]]:
+    return [(d.version, d.state) for d in decisions]
+
+
+def test_a_candidate_waits_for_both_evaluations_then_passes() -> None:
+    g = gate(margin=0.1)
+    g.published(weights(1, kl=0.01))
+    first = g.pending(now=1.0)
+    assert states(first) == [(1, "candidate")] and first[0].figures == {"kl": 0.01}
+    g.evaluated(held(1, 3))
+    assert g.pending() == []  # the promoted version (0) has no result yet
+    g.evaluated(held(0, 3))
+    (promoted,) = g.pending()
+    assert (promoted.version, promoted.state, promoted.against) == (1, "promoted", 0)
+    assert all(c.passed for c in promoted.checks) and g.promotion.serving == 1
+
+
+def test_a_worse_candidate_is_rejected_with_adapters_and_rolled_back_when_it_was_served() -> None:
+    for mechanism, state in (("adapter", "rejected"), ("serve-then-check", "rolled_back")):
+        g = gate(margin=0.1, mechanism=mechanism)
+        g.published(weights(1))
+        g.evaluated(held(0, 4))
+        g.evaluated(held(1, 2))
+        decided = g.pending()
+        assert states(decided) == [(1, "candidate"), (1, state)]
+        assert "plain-short 0.500 < 0.900" in decided[-1].reason
+        assert g.promotion.serving == 0 and g.promotion.failed_streak == 1
+
+
+def test_only_the_newest_candidate_is_judged_older_ones_are_superseded() -> None:
+    g = gate()
+    g.published(weights(1))
+    g.published(weights(2))
+    decided = g.pending()
+    assert states(decided) == [(1, "candidate"), (2, "candidate"), (1, "superseded")]
+    assert g.promotion.failed_streak == 0  # never evaluated: not a failure
+    g.published(weights(3))
+    assert states(g.pending()) == [(3, "candidate"), (2, "superseded")]
+
+
+def test_replaying_the_history_decides_nothing_twice() -> None:
+    g = gate()
+    g.published(weights(1))
+    g.evaluated(held(0, 4))
+    g.evaluated(held(1, 4))
+    history = g.pending()
+    again = gate()
+    for d in history:
+        again.decided(d)
+    again.published(weights(1))
+    again.evaluated(held(0, 4))
+    again.evaluated(held(1, 4))
+    assert again.pending() == [] and again.promotion.serving == 1
+
+
+def test_later_candidates_are_compared_with_the_newest_promoted_version() -> None:
+    g = gate(margin=0.0)
+    g.evaluated(held(0, 2))
+    g.evaluated(held(1, 3))
+    g.published(weights(1))
+    g.pending()
+    assert g.promotion.promoted == 1
+    g.published(weights(2))
+    g.evaluated(held(2, 2))  # as good as version 0, worse than version 1
+    decided = g.pending()
+    assert states(decided) == [(2, "candidate"), (2, "rejected")] and decided[-1].against == 1
