@@ -180,6 +180,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--no-publish", action="store_true", help="with --set: print only, do not write to evals")
 
+    sub.add_parser(
+        "gate", help="decide which weight versions are promoted, from their evaluations (-> versions)"
+    )
+
     versions = sub.add_parser(
         "versions",
         help="weight versions with their state, gate results and figures; promote, roll back, pin by hand",
@@ -572,6 +576,7 @@ _WORKERS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "dispatcher": ("services.dispatcher.worker", "run_dispatcher", "dispatcher", ("mode", "judge_ids")),
     "trainer": ("services.trainer.worker", "run_trainer", "trainer", ("hf_checkpoint", "max_steps")),
     "eval": ("services.eval.worker", "run_eval", "eval", ("engine_url",)),
+    "gate": ("services.gate.worker", "run_gate", "gate", ()),
 }
 
 

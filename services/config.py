@@ -515,6 +515,8 @@ class GateConfig(_Section):
     from the reference, or ``kl_rollout``); a figure the step did not report fails its bound."""
     max_mean_words: NonNegFloat = 0.0
     """Upper bound on the held-out answers' mean length in words (0: none): drift into long answers fails."""
+    poll_s: PositiveFloat = 2.0
+    """How often the gate reads ``weights``, ``evals`` and ``versions`` again and decides what is due."""
     restore_after: PositiveInt = 3
     """Consecutive rejected candidates after which the trainer restores the last promoted version's weights and
     optimiser state and trains on from there."""

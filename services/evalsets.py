@@ -107,6 +107,12 @@ Rubric = Callable[[str, str, str], Awaitable[bool]]
 """``rubric(statement, question, answer)``: whether the judge engine says the answer meets the statement."""
 
 
+def question_set_id(questions: Sequence[str]) -> str:
+    """The held-out set's name: it changes when any question does, so results of different sets never mix."""
+    digest = hashlib.sha256("\n".join(questions).encode()).hexdigest()[:12]
+    return f"heldout-{len(questions)}-{digest}"
+
+
 def _validate(case: EvalCase, where: str) -> None:
     if (case.prompt is None) == (case.messages is None):
         raise EvalSetError(f"{where}: give exactly one of 'prompt' and 'messages'")

@@ -3,18 +3,14 @@ scored by every persona's own preference check (``services/personas.py``). Pure:
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
 
 from schemas import EvalAnswer, EvalResult
+from services.evalsets import question_set_id
 from services.personas import Persona
 
-
-def question_set_id(questions: Sequence[str]) -> str:
-    """A name for the set that changes when any question does, so results of different sets never mix."""
-    digest = hashlib.sha256("\n".join(questions).encode()).hexdigest()[:12]
-    return f"heldout-{len(questions)}-{digest}"
+__all__ = ["judged", "question_set_id", "result"]
 
 
 def judged(question: str, answer: str, personas: Sequence[Persona], completion_tokens: int = 0) -> EvalAnswer:
