@@ -85,5 +85,5 @@ async def test_the_gate_promotes_a_good_candidate_and_rolls_back_a_worse_one(kaf
 
 
 async def test_the_gate_refuses_to_start_switched_off(kafka: KafkaConfig) -> None:
-    with pytest.raises(SystemExit, match="gate.enabled is off"):
+    with pytest.raises(SystemExit, match=r"gate\.enabled is off"):
         await run_gate(Config(kafka=kafka), install_signals=False)
