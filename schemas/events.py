@@ -606,6 +606,9 @@ class VersionDecision(Event, frozen=True, tag="version_decision"):
     figures: dict[str, float] = msgspec.field(default_factory=dict)
     """The trainer's figures for the version (``WeightsPublished.figures``), copied when it became a candidate:
     ``weights`` keeps only the newest version."""
+    path: str = ""
+    """Where the version's weights are (``WeightsPublished.path``), copied when it became a candidate, so that a
+    rollback or a pin can load a version ``weights`` no longer holds."""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)

@@ -63,6 +63,7 @@ class GateState:
                         by="gate",
                         decided_at=now,
                         figures=w.figures,
+                        path=w.path,
                     )
                 )
         for d in out:

@@ -845,7 +845,7 @@ async def build_state(config: Config) -> ProxyState:
             return int(await turn_numbers.redis.send(command(b"PTTL", key))) > 0
 
         state.reloader = Reloader(
-            config.kafka, loader, root, state.versions, held=held, adapters=state.adapters
+            config.kafka, loader, root, state.versions, held=held, adapters=state.adapters, gate=config.gate
         )
         state.background.append(asyncio.create_task(state.reloader.run()))
     on_change = state.reloader.engine_changed if state.reloader is not None else None

@@ -13,6 +13,12 @@ the new weights after recomputing their KV. Time to first token during a reload 
 recompute. ``continue_generation`` runs in a ``finally`` and once at start-up, so an engine is never left paused by
 a reloader that failed or died.
 
+Under a gate (``gate.enabled``, docs/evaluation.md) the reloader also follows ``versions`` and serves what its
+decisions say (``gated_target``): the promoted or pinned version, older ones included (a rollback loads the
+version promoted before from the path its candidate decision recorded, or the engine's own starting weights); the
+newest version awaiting its verdict is served at once under ``serve-then-check`` or, under ``adapter``, loaded
+beside the served adapter for its evaluation and never routed to.
+
 No version is loaded twice: before pausing and again once paused the reloader reads ``/model_info`` and skips a
 version the engine already serves. After an engine restart (a probe sees the starting weights again; see
 ServedVersions) the newest version is applied again.
@@ -33,14 +39,16 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from prometheus_client import Counter, Histogram
 
-from schemas import WeightsPublished
-from schemas.topics import WEIGHTS
+from schemas import VersionDecision, WeightsPublished
+from schemas.topics import VERSIONS, WEIGHTS
 from services.bus import EventConsumer, Record
-from services.config import KafkaConfig
+from services.config import GateConfig, KafkaConfig
 from services.engine_client import EngineClient, EngineError, adapter_name, version_number
+from services.promotion import Promotion
 from services.proxy.adapters import Adapters
 from services.proxy.versions import ServedVersions
 from services.transport.resp import RedisReplyError
@@ -71,6 +79,36 @@ def inside(root: Path, path: str) -> bool:
         return False
 
 
+class Wanted(NamedTuple):
+    """A version to have the engine serve, where its weights are, and the record that announced it (if any)."""
+
+    version: int
+    path: str
+    rec: Record[Any] | None
+
+
+class Target(NamedTuple):
+    serve: int
+    """The version users are served."""
+    beside: int | None
+    """``adapter`` mechanism: a candidate loaded beside it for its evaluation, not served."""
+
+
+def gated_target(promotion: Promotion, newest: int | None, mechanism: str) -> Target:
+    """What the engine should hold under a gate: the promoted (or pinned) version for users; the newest version,
+    while it awaits its verdict, served at once under ``serve-then-check`` (full weights: evaluated while served,
+    rolled back when it fails) or loaded beside under ``adapter``."""
+    if (
+        newest is None
+        or newest <= promotion.promoted
+        or promotion.state(newest) not in ("unknown", "candidate")
+    ):
+        return Target(promotion.serving, None)
+    if mechanism == "serve-then-check":
+        return Target(newest if promotion.pinned is None else promotion.serving, None)
+    return Target(promotion.serving, newest)
+
+
 class Reloader:
     def __init__(
         self,
@@ -84,6 +122,7 @@ class Reloader:
         held: Callable[[int], Awaitable[bool]] | None = None,
         adapters: Adapters | None = None,
         drain_timeout_s: float = 300.0,
+        gate: GateConfig | None = None,
     ) -> None:
         self.engine = engine
         self.root = weights_root
@@ -101,17 +140,27 @@ class Reloader:
         """The newest valid version seen on the topic: what the engine should serve."""
         self._lock = asyncio.Lock()
         self._reapply: asyncio.Task[None] | None = None
-        self.consumer = self._follower(kafka)
+        gated = gate is not None and gate.enabled
+        self.promotion: Promotion | None = Promotion() if gated else None
+        """Under a gate (``gate.enabled``): the fold of ``versions``, which says what is served."""
+        self.mechanism = gate.mechanism if gate is not None else "adapter"
+        self.paths: dict[int, str] = {}
+        """Each version's weights folder, from its candidate decision (``weights`` keeps only the newest)."""
+        self.unloadable: set[int] = set()
+        """Versions the engine refused or whose path is not below the root: not asked for again."""
+        self.base_path: str | None = None
+        """The starting weights (version 0) as the engine was started with them, for a rollback to them."""
+        self.consumer = self._follower(kafka, gated)
 
     @staticmethod
-    def _follower(kafka: KafkaConfig) -> EventConsumer:
+    def _follower(kafka: KafkaConfig, gated: bool = False) -> EventConsumer:
         # No consumer group: every replica reads every version from the compacted topic's start, and no restart
         # leaves an abandoned group behind on the broker. Versions are minutes apart, so empty fetches wait 5 s
         # (a new version still arrives at once): as a group member with half-second fetches the reloader cost an
         # idle proxy ~20 ms of CPU per second, now ~0.
         return EventConsumer(
             kafka,
-            [WEIGHTS],
+            [WEIGHTS, VERSIONS] if gated else [WEIGHTS],
             f"turnstream-reloader-{uuid.uuid4().hex[:12]}",
             group=False,
             fetch_max_wait_ms=5000,
@@ -119,8 +168,14 @@ class Reloader:
             background_poll_ms=5000,
         )
 
-    async def handle(self, batch: list[Record[WeightsPublished]]) -> None:
+    async def handle(self, batch: list[Record[Any]]) -> None:
         for rec in batch:
+            if isinstance(rec.event, VersionDecision):
+                if self.promotion is not None:
+                    self.promotion.apply(rec.event)
+                    if rec.event.path:
+                        self.paths[rec.event.version] = rec.event.path
+                continue
             if not inside(self.root, rec.event.path):
                 RELOADS.labels("refused").inc()
                 await self.consumer.dead_letter(rec, f"weights path {rec.event.path} is outside {self.root}")
@@ -143,6 +198,13 @@ class Reloader:
 
     def engine_changed(self, version: int) -> None:
         """A probe saw the engine's version change: after a restart it serves the starting weights again."""
+        if (
+            self.promotion is not None
+        ):  # under a gate a version may be older on purpose: compare with the target
+            newest = self.newest.event.version if self.newest is not None else None
+            if version != gated_target(self.promotion, newest, self.mechanism).serve:
+                self._later(0.0)
+            return
         if self.newest is not None and version < self.newest.event.version:
             log.warning(
                 "engine serves an older version than published (restarted?); applying the newest again",
@@ -164,65 +226,117 @@ class Reloader:
         return version_number((await self.engine.model_info()).get("weight_version"))
 
     async def apply(self) -> None:
-        """Bring the engine to the newest version, if it serves an older one."""
+        """Bring the engine to the version it should serve: the newest, or under a gate the one ``gated_target``
+        names."""
         async with self._lock:
+            if self.promotion is not None:
+                await self._apply_gated(self.promotion)
+                return
             rec = self.newest
             if rec is None:
                 return
             if self.adapters is not None:
                 await self._apply_adapter(rec, self.adapters)
                 return
-            event = rec.event
-            try:
-                serving = await self._engine_version()
-            except EngineError as exc:
-                log.warning("engine unreachable; version %s waits", event.version, extra={"error": str(exc)})
-                return  # the next probe that finds the engine (or the next version) tries again
-            if serving >= event.version:
+            await self._load_full(Wanted(rec.event.version, rec.event.path, rec), exact=False)
+
+    async def _load_full(self, want: Wanted, *, exact: bool) -> None:
+        """Have the engine serve ``want`` unless it serves it (``exact``: that very version; else it or a newer
+        one) already."""
+
+        def there(serving: int) -> bool:
+            return serving == want.version if exact else serving >= want.version
+
+        try:
+            serving = await self._engine_version()
+        except EngineError as exc:
+            log.warning("engine unreachable; version %s waits", want.version, extra={"error": str(exc)})
+            return  # the next probe that finds the engine (or the next version) tries again
+        if there(serving):
+            self.versions.changed(serving)
+            return
+        if await self._is_held(serving):
+            self._later(1.0)
+            return
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        paused = False
+        try:
+            await self.engine.pause_generation(self.pause_mode)
+            paused = True
+            if there(serving := await self._engine_version()):  # another reloader got there
                 self.versions.changed(serving)
                 return
-            if await self._is_held(serving):
+            if await self._is_held(serving):  # an evaluation began while this reload was starting
                 self._later(1.0)
                 return
-            loop = asyncio.get_running_loop()
-            began = loop.time()
-            paused = False
+            await self.engine.update_weights_from_disk(want.path, str(want.version))
+        except EngineError as exc:
+            # A failed answer can still mean loaded (SGLang answers 400 when only its cache flush failed).
+            loaded = False
             try:
-                await self.engine.pause_generation(self.pause_mode)
-                paused = True
-                if (serving := await self._engine_version()) >= event.version:  # another reloader got there
-                    self.versions.changed(serving)
-                    return
-                if await self._is_held(serving):  # an evaluation began while this reload was starting
-                    self._later(1.0)
-                    return
-                await self.engine.update_weights_from_disk(event.path, str(event.version))
-            except EngineError as exc:
-                # A failed answer can still mean loaded (SGLang answers 400 when only its cache flush failed).
-                loaded = False
+                loaded = await self._engine_version() == want.version
+            except EngineError:
+                pass
+            if not loaded:
+                self._failed(want.version, exc)
+                if exc.status is not None and 400 <= exc.status < 500:  # refused: asking again won't help
+                    await self._refused(want, f"engine could not load version {want.version}: {exc}")
+                else:  # unreachable or timed out: try again shortly (the check above prevents a double load)
+                    self._later(self.retry_s)
+                return
+        finally:
+            if paused:
+                await self._continue()
+            RELOAD_SECONDS.observe(loop.time() - began)
+        self.versions.changed(want.version)
+        RELOADS.labels("ok").inc()
+        log.info("engine serves a new weight version", extra={"version": want.version, "path": want.path})
+
+    async def _refused(self, want: Wanted, why: str) -> None:
+        """A version the engine refused: never asked for again (dead-lettered when a record announced it)."""
+        if want.rec is not None:
+            await self.consumer.dead_letter(want.rec, why)
+        self.unloadable.add(want.version)
+        if self.newest is not None and self.newest.event.version == want.version:
+            self.newest = None
+
+    async def _apply_gated(self, promotion: Promotion) -> None:
+        newest = self.newest.event.version if self.newest is not None else None
+        target = gated_target(promotion, newest, self.mechanism)
+        if self.adapters is not None:
+            await self._apply_adapters_gated(target, self.adapters)
+            return
+        if target.serve in self.unloadable:
+            return
+        want = await self._wanted(target.serve)
+        if want is not None:
+            await self._load_full(want, exact=True)
+
+    async def _wanted(self, version: int) -> Wanted | None:
+        """Where version ``version``'s weights are: the starting weights' path the engine was started with, the
+        newest announcement's, or a decision's (a rollback or pin to a version ``weights`` no longer holds)."""
+        if version == 0:
+            if self.base_path is None:
                 try:
-                    loaded = await self._engine_version() == event.version
-                except EngineError:
-                    pass
-                if not loaded:
-                    self._failed(rec, exc)
-                    if exc.status is not None and 400 <= exc.status < 500:  # refused: asking again won't help
-                        await self.consumer.dead_letter(
-                            rec, f"engine could not load version {event.version}: {exc}"
-                        )
-                        self.newest = None
-                    else:  # unreachable or timed out: try again shortly (the check above prevents a double load)
-                        self._later(self.retry_s)
-                    return
-            finally:
-                if paused:
-                    await self._continue()
-                RELOAD_SECONDS.observe(loop.time() - began)
-            self.versions.changed(event.version)
-            RELOADS.labels("ok").inc()
-            log.info(
-                "engine serves a new weight version", extra={"version": event.version, "path": event.path}
-            )
+                    self.base_path = str((await self.engine.model_info()).get("model_path") or "") or None
+                except EngineError as exc:
+                    log.warning("engine unreachable; the starting weights wait", extra={"error": str(exc)})
+                    return None
+            return Wanted(0, self.base_path, None) if self.base_path else None
+        if self.newest is not None and self.newest.event.version == version:
+            return Wanted(version, self.newest.event.path, self.newest)
+        path = self.paths.get(version)
+        if path is None or not inside(self.root, path):
+            if version not in self.unloadable:
+                self.unloadable.add(version)
+                RELOADS.labels("refused").inc()
+                log.error(
+                    "the version to serve has no weights path below the weights root; serving stays as it is",
+                    extra={"version": version, "path": path},
+                )
+            return None
+        return Wanted(version, path, None)
 
     async def _apply_adapter(self, rec: Record[WeightsPublished], adapters: Adapters) -> None:
         event = rec.event
@@ -250,7 +364,7 @@ class Reloader:
             with contextlib.suppress(EngineError):  # "already loaded" by another replica is loaded
                 loaded = await self.engine.adapter_versions()
             if event.version not in loaded:
-                self._failed(rec, exc)
+                self._failed(event.version, exc)
                 if exc.status is not None and 400 <= exc.status < 500:
                     await self.consumer.dead_letter(
                         rec, f"engine could not load adapter {event.version}: {exc}"
@@ -267,11 +381,54 @@ class Reloader:
         log.info("engine serves a new adapter", extra={"version": event.version, "path": event.path})
         self._retire(loaded - {event.version}, adapters)
 
-    def _failed(self, rec: Record[WeightsPublished], exc: EngineError) -> None:
-        RELOADS.labels("failed").inc()
-        log.error(
-            "engine could not load a weight version", extra={"version": rec.event.version, "error": str(exc)}
+    async def _apply_adapters_gated(self, target: Target, adapters: Adapters) -> None:
+        """Users go to ``target.serve`` (0: the base); a candidate is loaded beside it for its evaluation, never
+        routed to; every other adapter is retired."""
+        try:
+            loaded = await self.engine.adapter_versions()
+        except EngineError as exc:
+            log.warning("engine unreachable; adapters wait", extra={"error": str(exc)})
+            return
+        keep = {v for v in (target.serve, target.beside) if v}
+        for version in sorted(keep - loaded - self.unloadable):
+            want = await self._wanted(version)
+            if want is None:
+                continue
+            began = asyncio.get_running_loop().time()
+            try:
+                await self.engine.load_lora_adapter(adapter_name(version), want.path)
+                loaded.add(version)
+                RELOADS.labels("ok").inc()
+                log.info(
+                    "engine holds an adapter", extra={"version": version, "serving": version == target.serve}
+                )
+            except EngineError as exc:
+                with contextlib.suppress(EngineError):  # "already loaded" by another replica is loaded
+                    loaded = await self.engine.adapter_versions()
+                if version not in loaded:
+                    self._failed(version, exc)
+                    if exc.status is not None and 400 <= exc.status < 500:
+                        await self._refused(want, f"engine could not load adapter {version}: {exc}")
+                    else:
+                        self._later(self.retry_s)
+            finally:
+                RELOAD_SECONDS.observe(asyncio.get_running_loop().time() - began)
+        # The target once it is loaded; meanwhile what is served now, or the base if the engine lost that too.
+        available = loaded | {0}
+        serve = (
+            target.serve
+            if target.serve in available
+            else adapters.current
+            if adapters.current in available
+            else 0
         )
+        adapters.serve(serve)
+        self.versions.changed(serve)
+        self._retire(loaded - keep - {serve}, adapters)
+
+    def _failed(self, version: int, exc: EngineError) -> None:
+        RELOADS.labels("failed").inc()
+        log.error("engine could not load a weight version", extra={"version": version, "error": str(exc)})
 
     def _retire(self, versions: set[int], adapters: Adapters) -> None:
         """Unload each older adapter in the background, once it is drained and not held for its evaluation."""
@@ -337,7 +494,7 @@ class Reloader:
             except Exception as exc:
                 log.warning("reloader cannot reach Kafka yet", extra={"error": repr(exc)})
                 await self.consumer.stop()
-                self.consumer = self._follower(self.consumer.kafka)
+                self.consumer = self._follower(self.consumer.kafka, self.promotion is not None)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
         try:

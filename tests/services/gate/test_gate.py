@@ -57,7 +57,7 @@ async def test_the_gate_promotes_a_good_candidate_and_rolls_back_a_worse_one(kaf
             await producer.send(WEIGHTS, announced(1), "policy")
             first = await decisions(kafka, 1)
             assert [(d.version, d.state) for d in first] == [(1, "candidate")]
-            assert first[0].figures == {"kl_rollout": 0.01}
+            assert first[0].figures == {"kl_rollout": 0.01} and first[0].path == "/w/v1"
             await producer.send(EVALS, held(1, 3), "1")  # better than version 0
             promoted = await decisions(kafka, 2)
             assert (promoted[1].version, promoted[1].state, promoted[1].against) == (1, "promoted", 0)
