@@ -520,11 +520,12 @@ def _versions(config: Config, args: argparse.Namespace) -> int:
         print(f"turnstream versions {action}: {exc}", file=sys.stderr)
         return 2
     print(msgspec.json.encode(decision).decode())
-    print(
-        "turnstream versions: recorded on `versions`; the proxy's reloader does not act on decisions yet (it serves"
-        " the newest version until the gate lands, docs/evaluation.md)",
-        file=sys.stderr,
-    )
+    if not config.gate.enabled:
+        print(
+            "turnstream versions: recorded on `versions`; proxies act on it only with gate.enabled"
+            " (docs/evaluation.md)",
+            file=sys.stderr,
+        )
     return 0
 
 
