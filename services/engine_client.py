@@ -291,6 +291,11 @@ class EngineClient:
         parsers, ``preferred_sampling_params``."""
         return await self._request("GET", "/model_info", idempotent=True)  # type: ignore[no-any-return]
 
+    async def server_info(self) -> dict[str, Any]:
+        """SGLang's ``/server_info``: the launch arguments as resolved (``model_path`` is the starting weights',
+        where ``/model_info`` names the weights a later update loaded)."""
+        return await self._request("GET", "/server_info", idempotent=True)  # type: ignore[no-any-return]
+
     async def pause_generation(self, mode: str = "retract") -> None:
         """New requests wait (they are not refused); ``retract`` moves running ones back to the queue with their
         output so far, to be continued (their KV recomputed) after ``continue_generation``."""

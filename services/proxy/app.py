@@ -816,8 +816,11 @@ async def build_state(config: Config) -> ProxyState:
     if config.lora_adapters:  # a restarted proxy finds the adapters the engine already has
         served = info.get("served_model_name")
         state.adapters = Adapters(served if isinstance(served, str) else None)
+        # Under a gate the newest adapter may be a candidate no user may see: the base until the reloader has
+        # read the decisions.
         with contextlib.suppress(EngineError, KeyError, ValueError):
-            state.adapters.serve(max(await engine.adapter_versions(), default=0))
+            if not config.gate.enabled:
+                state.adapters.serve(max(await engine.adapter_versions(), default=0))
         state.versions = ServedVersions(state.adapters.current)
     state.sampling = resolve_sampling_defaults(pc.sampling_defaults, info)
     if info and not (info.get("tool_call_parser") or info.get("reasoning_parser")):
@@ -853,7 +856,10 @@ async def build_state(config: Config) -> ProxyState:
 
     async def probe() -> int:
         if state.adapters is not None:  # the newest adapter loaded: 0 after an engine restart lost them
-            return max(await probe_client.adapter_versions(), default=0)
+            loaded = await probe_client.adapter_versions()
+            if config.gate.enabled:  # the newest may be a candidate beside: the served one, if still loaded
+                return state.adapters.current if state.adapters.current in loaded else 0
+            return max(loaded, default=0)
         return version_number((await probe_client.model_info()).get("weight_version"))
 
     state.background.append(

@@ -45,7 +45,7 @@ from prometheus_client import Counter, Histogram
 
 from schemas import VersionDecision, WeightsPublished
 from schemas.topics import VERSIONS, WEIGHTS
-from services.bus import EventConsumer, Record
+from services.bus import EventConsumer, Record, read_topic
 from services.config import GateConfig, KafkaConfig
 from services.engine_client import EngineClient, EngineError, adapter_name, version_number
 from services.promotion import Promotion
@@ -148,6 +148,10 @@ class Reloader:
         """Each version's weights folder, from its candidate decision (``weights`` keeps only the newest)."""
         self.unloadable: set[int] = set()
         """Versions the engine refused or whose path is not below the root: not asked for again."""
+        self._versions_next = 0
+        """The offset of the next ``versions`` record to apply (one partition)."""
+        self._keep: set[int] = set()
+        """Gated adapters: the versions the engine must hold (served, and the candidate beside)."""
         self.base_path: str | None = None
         """The starting weights (version 0) as the engine was started with them, for a rollback to them."""
         self.consumer = self._follower(kafka, gated)
@@ -171,10 +175,7 @@ class Reloader:
     async def handle(self, batch: list[Record[Any]]) -> None:
         for rec in batch:
             if isinstance(rec.event, VersionDecision):
-                if self.promotion is not None:
-                    self.promotion.apply(rec.event)
-                    if rec.event.path:
-                        self.paths[rec.event.version] = rec.event.path
+                self._decided(rec)
                 continue
             if not inside(self.root, rec.event.path):
                 RELOADS.labels("refused").inc()
@@ -198,12 +199,8 @@ class Reloader:
 
     def engine_changed(self, version: int) -> None:
         """A probe saw the engine's version change: after a restart it serves the starting weights again."""
-        if (
-            self.promotion is not None
-        ):  # under a gate a version may be older on purpose: compare with the target
-            newest = self.newest.event.version if self.newest is not None else None
-            if version != gated_target(self.promotion, newest, self.mechanism).serve:
-                self._later(0.0)
+        if self.promotion is not None:  # under a gate a version may be older on purpose: apply decides
+            self._later(0.0)
             return
         if self.newest is not None and version < self.newest.event.version:
             log.warning(
@@ -307,19 +304,23 @@ class Reloader:
         if self.adapters is not None:
             await self._apply_adapters_gated(target, self.adapters)
             return
-        if target.serve in self.unloadable:
-            return
-        want = await self._wanted(target.serve)
-        if want is not None:
-            await self._load_full(want, exact=True)
+        # The target, else (its weights gone or refused) the versions promoted before it, down to the start:
+        # never the rolled-back one that may be serving now.
+        for version in [target.serve, *reversed(promotion.history), 0]:
+            if version in self.unloadable or version > target.serve:
+                continue
+            want = await self._wanted(version)
+            if want is not None:
+                await self._load_full(want, exact=True)
+                return
 
     async def _wanted(self, version: int) -> Wanted | None:
         """Where version ``version``'s weights are: the starting weights' path the engine was started with, the
         newest announcement's, or a decision's (a rollback or pin to a version ``weights`` no longer holds)."""
         if version == 0:
-            if self.base_path is None:
+            if self.base_path is None:  # /model_info names the weights loaded last; the launch's are these
                 try:
-                    self.base_path = str((await self.engine.model_info()).get("model_path") or "") or None
+                    self.base_path = str((await self.engine.server_info()).get("model_path") or "") or None
                 except EngineError as exc:
                     log.warning("engine unreachable; the starting weights wait", extra={"error": str(exc)})
                     return None
@@ -390,6 +391,11 @@ class Reloader:
             log.warning("engine unreachable; adapters wait", extra={"error": str(exc)})
             return
         keep = {v for v in (target.serve, target.beside) if v}
+        self._keep = keep
+        for version in keep:  # wanted again (a rollback, a pin): not unloaded after all
+            retiring = self._retiring.pop(version, None)
+            if retiring is not None:
+                retiring.cancel()
         for version in sorted(keep - loaded - self.unloadable):
             want = await self._wanted(version)
             if want is None:
@@ -446,6 +452,8 @@ class Reloader:
                 if not await self._is_held(version):
                     break
                 await asyncio.sleep(1.0)
+            if version == adapters.current or version in self._keep:  # wanted again meanwhile
+                return
             await self.engine.unload_lora_adapter(adapter_name(version))
             RETIRED.labels("ok").inc()
             log.info("older adapter unloaded", extra={"version": version})
@@ -481,6 +489,22 @@ class Reloader:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    async def _read_decisions(self) -> None:
+        """Every decision so far, before anything is applied: a history read in part (one batch of it) could
+        name a version the gate has since rolled back."""
+        assert self.promotion is not None
+        async for rec in read_topic(self.consumer.kafka, VERSIONS):
+            self._decided(rec)
+
+    def _decided(self, rec: Record[VersionDecision]) -> None:
+        """A decision read once: the follower reads ``versions`` from its start again, after ``_read_decisions``."""
+        if self.promotion is None or rec.offset < self._versions_next:
+            return
+        self._versions_next = rec.offset + 1
+        self.promotion.apply(rec.event)
+        if rec.event.path:
+            self.paths[rec.event.version] = rec.event.path
+
     async def run(self) -> None:
         try:  # an engine a crashed reloader left paused serves again
             await self.engine.continue_generation()
@@ -490,6 +514,8 @@ class Reloader:
         while True:  # Kafka may not be up yet: serving goes on, the reloader keeps trying
             try:
                 await self.consumer.start()
+                if self.promotion is not None:
+                    await self._read_decisions()
                 break
             except Exception as exc:
                 log.warning("reloader cannot reach Kafka yet", extra={"error": repr(exc)})

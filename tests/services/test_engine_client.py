@@ -179,6 +179,7 @@ async def test_each_route_gets_the_key_sglang_asks_for() -> None:
 
     async def every_call(client: EngineClient) -> None:
         await client.model_info()
+        await client.server_info()
         await client.models()
         await client.score([1, 2, 3], [4, 5])
         await client.chat_raw({"messages": []})
