@@ -18,7 +18,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,14 +164,16 @@ class TrainerStore:
         trained = list(found[0].trained) if found else []
         return trained + [r.sample_ids for r in self.steps_after(found[0].version if found else 0)]
 
-    def prune_versions(self, keep: int, protect: int) -> None:
+    def prune_versions(self, keep: int, protect: Collection[int]) -> None:
+        """Delete all but the newest ``keep`` version folders, never one in ``protect`` (the trainer's own, and
+        under a gate the promoted and pinned ones a rollback may load again)."""
         found = sorted(
             (int(p.name[1:]), p)
             for p in self.versions.iterdir()
             if p.name.startswith("v") and p.name[1:].isdigit()
         )
         for version, path in found[:-keep]:
-            if version != protect:
+            if version not in protect:
                 shutil.rmtree(path, ignore_errors=True)
 
     def staged(self, version: int) -> Path:

@@ -28,7 +28,7 @@ from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import Sample, WeightsPublished
-from schemas.topics import SAMPLES, WEIGHTS
+from schemas.topics import SAMPLES, VERSIONS, WEIGHTS
 from services.bus import (
     EventProducer,
     consumer_group,
@@ -40,6 +40,7 @@ from services.bus import (
 from services.config import Config, KafkaConfig
 from services.erasure.sealing import forgotten_session
 from services.metrics import serve_metrics
+from services.promotion import fold
 from services.trainer.checkpoints import (
     BackgroundWriter,
     CheckpointMeta,
@@ -159,6 +160,8 @@ class TrainerLoop:
         self.store = store
         self.base = base
         self.version = 0
+        self.protected: set[int] = set()
+        """Under a gate: the promoted and pinned versions, whose folders a rollback may load again."""
         self.step = 0
         self.trained: list[list[str]] = []
         self.samples_trained = 0
@@ -252,7 +255,7 @@ class TrainerLoop:
         self.offsets = dict(offsets)
         if checkpoint:
             self.checkpoint()
-        self.store.prune_versions(self.tc.keep_versions, protect=self.version)
+        self.store.prune_versions(self.tc.keep_versions, protect={self.version, *self.protected})
         return self.announcement(str(path), digest)
 
     def checkpoint(self) -> None:
@@ -501,6 +504,8 @@ async def _run_rank(
                 samples = pending.take(tc.rollout_batch_size)
                 offsets = pending.safe_offsets()
                 checkpoint = trainer.checkpoint_due()
+                if config.gate.enabled:
+                    trainer.protected = await _served_versions(config.kafka)
                 stats = await torch_thread.run(trainer.train, samples, checkpoint)
                 announcement = await torch_thread.run(trainer.persist, samples, offsets, checkpoint)
                 announcement = msgspec.structs.replace(
@@ -536,6 +541,12 @@ async def _at_end(consumer: Any, tps: list[TopicPartition]) -> bool:
         if await consumer.position(tp) < ends[tp]:
             return False
     return True
+
+
+async def _served_versions(kafka: KafkaConfig) -> set[int]:
+    """The versions a gated proxy may serve again (``versions``: promoted, or pinned): kept on disk."""
+    promotion = fold([rec.event async for rec in read_topic(kafka, VERSIONS)])
+    return set(promotion.history) | ({promotion.pinned} if promotion.pinned is not None else set())
 
 
 async def _announced_version(kafka: KafkaConfig) -> int:

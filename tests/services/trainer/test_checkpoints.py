@@ -111,3 +111,12 @@ def test_a_background_checkpoint_commits_when_every_rank_is_written_and_reports_
     writer.start(lambda: store.write_state(tmp_path / "missing", 0, {}, {}))
     with pytest.raises(RuntimeError, match="writing the checkpoint failed"):
         writer.wait()
+
+
+def test_pruning_keeps_the_newest_and_every_protected_version(tmp_path: Path) -> None:
+    """Under a gate a rollback loads a promoted (or pinned) version again: its folder survives pruning."""
+    store = TrainerStore(tmp_path)
+    for v in range(1, 10):
+        (store.versions / f"v{v}").mkdir()
+    store.prune_versions(3, protect={9, 2, 5})
+    assert sorted(p.name for p in store.versions.iterdir()) == ["v2", "v5", "v7", "v8", "v9"]
