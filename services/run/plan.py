@@ -38,7 +38,9 @@ def plan(
     )
     metrics = {
         name: rc.metrics_port_base + i
-        for i, name in enumerate(("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate", "eval"))
+        for i, name in enumerate(
+            ("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate", "eval", "gate")
+        )
     }
 
     def engine(name: str, port: int, served: str) -> Service:
@@ -85,6 +87,8 @@ def plan(
     ]
     if mode_spec(config.dispatcher.mode).needs_hint:  # rl scores no hints: no teacher worker
         services.insert(-3, worker("teacher", ["teacher", "--engine-url", teacher_url]))
+    if config.gate.enabled:  # promotions decided from the evaluations (docs/evaluation.md)
+        services.append(worker("gate", ["gate"]))
     if rc.console:  # its tokenizer is the policy's, for the heat map's token texts
         env = {**shared, "TURNSTREAM_CONSOLE_TOKENIZER": model}
         args = [*base, "console", "--host", "127.0.0.1", "--port", str(config.console.port)]

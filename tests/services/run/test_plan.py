@@ -113,3 +113,15 @@ def test_every_engine_takes_keys_and_only_the_proxy_holds_the_admin_key() -> Non
         holds_admin = name in ("engine", "teacher-engine", "proxy")
         assert configured.engine.admin_api_key == ("b" * 32 if holds_admin else None), name
         assert configured.engine.api_key == configured.judge.api_key == configured.teacher.api_key == "a" * 32
+
+
+def test_a_gate_runs_beside_the_eval_when_enabled() -> None:
+    """``gate.enabled``: the gate service decides promotions from the evaluations; off, none runs."""
+    assert "gate" not in {s.name for s in plan(load_config(env={}), "/m")}
+    config = load_config(
+        env={"TURNSTREAM_GATE_ENABLED": "true", "TURNSTREAM_GATE_MECHANISM": "serve-then-check"}
+    )
+    by = {s.name: s for s in plan(config, "/m")}
+    gate = by["gate"]
+    assert gate.args[-1] == "gate" and gate.stage == 2 and gate.port == 9108
+    assert len({s.port for s in by.values()}) == len(by)
