@@ -96,6 +96,9 @@ class Spool:
         # Written, not yet fsync'd: (payload, segment, end) in order, and the files they are in.
         self._unsynced: list[tuple[bytes, int, int]] = []
         self._unsynced_files: list[BinaryIO] = []
+        self._syncing = 0
+        """Records ``sync`` took from ``_unsynced`` and has not yet counted as pending (its fsync is under way
+        outside the lock): they are in the write segment, which must not be rolled away meanwhile."""
         self._unpublished_bytes = 0
         self._pending = self._count_pending()
         self._mem_complete = self._pending == 0
@@ -193,9 +196,18 @@ class Spool:
         with self._lock:
             records, self._unsynced = self._unsynced, []
             files, self._unsynced_files = self._unsynced_files, []
-        for fh in files:
-            os.fdatasync(fh.fileno())  # outside the lock: writers and publishers keep going meanwhile
+            self._syncing += len(records)
+        try:
+            for fh in files:
+                os.fdatasync(fh.fileno())  # outside the lock: writers and publishers keep going meanwhile
+        except BaseException:
+            with self._lock:  # not durable: written again by the next sync
+                self._unsynced[:0] = records
+                self._unsynced_files[:0] = [f for f in files if f not in self._unsynced_files]
+                self._syncing -= len(records)
+            raise
         with self._lock:
+            self._syncing -= len(records)
             for fh in files:
                 if fh is not self._fh and fh not in self._unsynced_files:
                     fh.close()  # a finished segment, all of it durable
@@ -277,7 +289,13 @@ class Spool:
             self._save_cursor(force=seg != old)
             for s in range(old, seg):
                 self._path(s).unlink(missing_ok=True)
-            if self._pending == 0 and not self._unsynced and self._read_off > 0 and seg == self._write_seg:
+            if (
+                self._pending == 0
+                and not self._unsynced
+                and not self._syncing
+                and self._read_off > 0
+                and seg == self._write_seg
+            ):
                 self._roll_drained()
 
     def _roll_drained(self) -> None:

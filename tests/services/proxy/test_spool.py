@@ -191,3 +191,40 @@ def test_closing_syncs_what_was_written(tmp_path: Path) -> None:
     again = Spool(tmp_path)
     assert again.peek(10) == [b"late"]
     again.close()
+
+
+def test_a_segment_is_not_rolled_away_while_a_sync_of_its_records_is_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy's kill -9 fault test lost a turn: ``sync`` takes the written records out of the unsynced list and
+    fsyncs outside the lock; a ``commit`` of everything published before, landing in that window, saw nothing
+    pending or unsynced and deleted the segment holding the records being synced (and moved the cursor past
+    them). A killed proxy then lost them. Here the window is held open: the segment survives, and a spool
+    reopened without any further step finds the record."""
+    import os
+    import threading
+
+    spool = Spool(tmp_path)
+    spool.append([b"published"])
+    spool.write([b"being synced"])
+    entered, release = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        entered.set()
+        release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    syncing = threading.Thread(target=spool.sync)
+    syncing.start()
+    assert entered.wait(10)
+    spool.commit(1)  # everything counted as pending is published, while "being synced" is in flight
+    assert any(b"being synced" in p.read_bytes() for p in tmp_path.glob("seg-*.log"))
+    release.set()
+    syncing.join(10)
+    monkeypatch.setattr(os, "fdatasync", real)
+    spool.close()
+    again = Spool(tmp_path)  # the files and cursor as they are: the record was neither deleted nor skipped
+    assert again.peek(10) == [b"being synced"] and again.pending == 1
+    again.close()
