@@ -91,7 +91,11 @@ def request_only(message: Message | Mapping[str, Any]) -> bool:
         role, content = message.get("role"), message.get("content")
     if role != "user":
         return False
-    return unwrap(_text(content)).lstrip().startswith(REQUEST_ONLY_MARKERS)
+    text = (content if isinstance(content, str) else _text(content)).lstrip()
+    # An envelope starts with "[": the regex only then (this runs for every user message on the request path).
+    if text.startswith("["):
+        text = unwrap(text).lstrip()
+    return text.startswith(REQUEST_ONLY_MARKERS)
 
 
 def conversation(messages: list[Message]) -> list[Message]:

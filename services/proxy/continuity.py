@@ -107,9 +107,11 @@ def _tool_calls(message: Mapping[str, Any]) -> list[tuple[Any, bytes]]:
 
 def canonical(message: Mapping[str, Any]) -> bytes:
     """One message as the bytes the conversation hash reads (see the module docstring for what is ignored)."""
-    content = message.get("content")
-    role = message.get("role")
-    extra: list[Any] = []
+    return _canonical(message, message.get("role"), message.get("content"))
+
+
+def _canonical(message: Mapping[str, Any], role: object, content: object) -> bytes:
+    extra: list[Any] | None = None
     if isinstance(content, str):
         text = content
     elif isinstance(content, list):
@@ -118,17 +120,16 @@ def canonical(message: Mapping[str, Any]) -> bytes:
             if isinstance(part, Mapping) and part.get("type", "text") == "text":
                 texts.append(str(part.get("text", "")))
             else:  # an image or audio part: compared as it is
-                extra.append(part)
+                (extra := extra or []).append(part)
         text = "".join(texts)
     else:
         text = ""
     if role == "system":
         text = stable_system(text)
-    elif role == "assistant":
+    elif role == "assistant" and text.startswith("<think>"):
         text = visible_answer(text)
-    calls = _tool_calls(message)
-    if calls:
-        extra.append(calls)
+    if message.get("tool_calls") and (calls := _tool_calls(message)):
+        (extra := extra or []).append(calls)
     return _pack((role, text.strip(), _sorted_json(extra) if extra else b""))
 
 
@@ -177,11 +178,13 @@ def links(headers: Mapping[str, str], body: Mapping[str, Any]) -> Links:
     h = hashlib.sha256(scope(headers, body))
     continues: bytes | None = None
     after = False  # a user or tool message after the last assistant message
-    for m in messages:
-        if request_only(m):
+    update = h.update
+    for m in messages:  # per message of every request: kept to the bare minimum of Python
+        role, content = m.get("role"), m.get("content")
+        if role == "user" and request_only(m):
             continue
-        h.update(canonical(m))
-        if m.get("role") == "assistant":
+        update(_canonical(m, role, content))
+        if role == "assistant":
             continues, after = h.digest()[:16], False
         else:
             after = True
