@@ -107,7 +107,8 @@ def create_app(
     @app.get("/versions", response_class=HTMLResponse)
     async def versions() -> HTMLResponse:
         rows = await read(queries.versions, pages.VERSIONS_SHOWN)
-        return html(pages.versions(rows, await read(queries.heldout_curve)))
+        gate = await read(queries.decisions)
+        return html(pages.versions(rows, await read(queries.heldout_curve), gate))
 
     @app.get("/api/overview")
     async def api_overview() -> Any:
@@ -127,6 +128,10 @@ def create_app(
     @app.get("/api/versions")
     async def api_versions(last: int | None = None) -> Any:
         return await read(queries.versions, last)
+
+    @app.get("/api/decisions")
+    async def api_decisions(last: int = 50) -> Any:
+        return await read(queries.decisions, last)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

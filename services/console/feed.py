@@ -19,6 +19,7 @@ from schemas.topics import (
     TEACHER,
     TURNS,
     TURNS_PAIRED,
+    VERSIONS,
     WEIGHTS,
     TopicSpec,
 )
@@ -29,7 +30,17 @@ from services.erasure.sealing import open_value
 
 log = logging.getLogger("turnstream.console")
 
-SHOWN: tuple[TopicSpec, ...] = (TURNS, TURNS_PAIRED, JUDGMENTS, TEACHER, SAMPLES, WEIGHTS, EVALS, DEADLETTER)
+SHOWN: tuple[TopicSpec, ...] = (
+    TURNS,
+    TURNS_PAIRED,
+    JUDGMENTS,
+    TEACHER,
+    SAMPLES,
+    WEIGHTS,
+    EVALS,
+    VERSIONS,
+    DEADLETTER,
+)
 APPLIED = Counter(
     "turnstream_console_records_total", "Records applied to the console's projection", ["topic"]
 )

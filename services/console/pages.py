@@ -133,9 +133,12 @@ def _versions_table(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         held = r.get("heldout") or {}
         rewards = r.get("reward_by_kind") or {}
+        state = r.get("state", "")
+        shown = f"{state} (serving)" if r.get("serving") else state
         body.append(
             [
                 f"v{r['version']}",
+                f'<span title="{esc(r.get("reason", ""))}">{esc(shown)}</span>' if state else "",
                 when(r.get("created_at")),
                 *(f'<span class="num">{_fmt(rewards.get(k), 2)}</span>' for k in kinds),
                 f'<span class="num">{_fmt(r.get("mean_response_tokens"), 1)}</span>',
@@ -151,6 +154,7 @@ def _versions_table(rows: Sequence[dict[str, Any]]) -> str:
         )
     headers = [
         "version",
+        "state",
         "published",
         *(f"reward {k}" for k in kinds),
         "response tokens",
@@ -164,13 +168,43 @@ VERSIONS_SHOWN = 200
 """The versions page's table holds the newest so many (its curve, every version; ``/api/versions``, all)."""
 
 
-def versions(rows: Sequence[dict[str, Any]], curve: Sequence[dict[str, Any]]) -> str:
+def versions(
+    rows: Sequence[dict[str, Any]], curve: Sequence[dict[str, Any]], gate: dict[str, Any] | None = None
+) -> str:
     note = (
         f'<p class="muted">The newest {len(rows)} versions; every one: <a href="/api/versions">/api/versions</a>.</p>'
         if len(rows) >= VERSIONS_SHOWN
         else ""
     )
-    return page("Versions", _curve(curve) + note + _versions_table(rows))
+    return page("Versions", _curve(curve) + _gate(gate) + note + _versions_table(rows))
+
+
+def _gate(gate: dict[str, Any] | None) -> str:
+    """Under a gate: what is served and why, decision by decision (``versions``; docs/evaluation.md)."""
+    if not gate or not gate["decisions"]:
+        return ""
+    pinned = f", pinned (promoted: v{gate['promoted']})" if gate["pinned"] is not None else ""
+    streak = f"; {gate['failed_streak']} candidates failed since" if gate["failed_streak"] else ""
+    rows = [
+        [
+            when(d["decided_at"]),
+            f"v{d['version']}",
+            esc(d["state"]),
+            esc(d["by"]),
+            esc(d["reason"])
+            + "".join(
+                f'<br><span class="muted">{esc(c["name"])}: {_fmt(c["value"], 3)} '
+                f"{'&gt;' if c.get('at_most') else '&lt;'} {_fmt(c['bound'], 3)}</span>"
+                for c in d["failed_checks"]
+            ),
+        ]
+        for d in gate["recent"]
+    ]
+    return (
+        f"<h2>Gate</h2><p>Serving <b>v{gate['serving']}</b>{pinned}{streak}.</p>"
+        + table(["decided", "version", "state", "by", "reason"], rows)
+        + "<h2>Versions</h2>"
+    )
 
 
 def _curve(rows: Sequence[dict[str, Any]]) -> str:

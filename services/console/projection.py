@@ -26,11 +26,12 @@ from schemas import (
     Sample,
     TeacherScores,
     Turn,
+    VersionDecision,
     WeightsPublished,
 )
 from services.private import private_dir, private_file
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Raised with every change to ``SCHEMA``: a projection written with another is rebuilt from the topics."""
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS turns (
@@ -85,6 +86,11 @@ CREATE TABLE IF NOT EXISTS evals (
     version INTEGER NOT NULL, question_set TEXT NOT NULL, scores TEXT NOT NULL, answers TEXT NOT NULL,
     mean_words REAL NOT NULL, evaluated_at REAL NOT NULL, PRIMARY KEY (version, question_set)
 );
+CREATE TABLE IF NOT EXISTS decisions (
+    version INTEGER NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, by TEXT NOT NULL, decided_at REAL NOT NULL,
+    against INTEGER, checks TEXT NOT NULL, PRIMARY KEY (version, state, by, decided_at)
+);
+CREATE INDEX IF NOT EXISTS decisions_by_time ON decisions (decided_at);
 CREATE TABLE IF NOT EXISTS dead_letters (
     source_topic TEXT NOT NULL, source_partition INTEGER NOT NULL, source_offset INTEGER NOT NULL,
     consumer_group TEXT NOT NULL, error_kind TEXT NOT NULL, error TEXT NOT NULL, created_at REAL NOT NULL,
@@ -106,6 +112,7 @@ TABLES = (
     "versions",
     "trained",
     "evals",
+    "decisions",
     "dead_letters",
 )
 
@@ -224,6 +231,17 @@ def _rows(event: Event) -> list[tuple[str, Row]]:
             "evaluated_at": event.evaluated_at,
         }
         return [("evals", row)]
+    if isinstance(event, VersionDecision):
+        row = {
+            "version": event.version,
+            "state": event.state,
+            "reason": event.reason,
+            "by": event.by,
+            "decided_at": event.decided_at,
+            "against": event.against,
+            "checks": _json(event.checks),
+        }
+        return [("decisions", row)]
     if isinstance(event, DeadLetter):
         row = {
             "source_topic": event.source_topic,

@@ -7,7 +7,9 @@ import sqlite3
 import time
 from typing import Any
 
+from schemas import VersionDecision
 from services.console.projection import loads
+from services.promotion import fold
 
 RECENT_S = 300.0
 """The window of the overview's rates."""
@@ -93,6 +95,19 @@ def versions(db: sqlite3.Connection, last: int | None = None) -> list[dict[str, 
         row = out.setdefault(r["version"], {"version": r["version"], "figures": {}})
         row["heldout"] = loads(r["scores"])
         row["heldout_words"] = r["mean_words"]
+    promotion = fold(_decisions(db))
+    for v, state in promotion.states.items():
+        if v >= since:
+            out.setdefault(v, {"version": v, "figures": {}})["state"] = state
+    for r in db.execute(
+        "SELECT version, reason FROM decisions WHERE version >= ? AND state NOT IN ('pinned', 'unpinned', "
+        "'restored') ORDER BY rowid",
+        (since,),
+    ):
+        out[r["version"]]["reason"] = r["reason"]
+    for v in (promotion.serving,) if promotion.decisions else ():
+        if v in out:
+            out[v]["serving"] = True
     for row in out.values():
         lengths = row.pop("_length", [])
         if lengths:
@@ -100,6 +115,40 @@ def versions(db: sqlite3.Connection, last: int | None = None) -> list[dict[str, 
                 n for _, n in lengths
             )
     return [out[v] for v in sorted(out)]
+
+
+def _decisions(db: sqlite3.Connection) -> list[VersionDecision]:
+    """Every decision on ``versions``, in the order they were written."""
+    return [
+        VersionDecision(
+            version=r["version"], state=r["state"], reason=r["reason"], by=r["by"], decided_at=r["decided_at"]
+        )
+        for r in db.execute("SELECT version, state, reason, by, decided_at FROM decisions ORDER BY rowid")
+    ]
+
+
+def decisions(db: sqlite3.Connection, last: int = 50) -> dict[str, Any]:
+    """Under a gate: what users are served (the fold of every decision, as the proxy makes it) and the newest
+    decisions with their reasons and the checks that failed."""
+    promotion = fold(_decisions(db))
+    rows = db.execute(
+        "SELECT version, state, reason, by, decided_at, against, checks FROM decisions ORDER BY rowid DESC LIMIT ?",
+        (last,),
+    ).fetchall()
+    return {
+        "decisions": promotion.decisions,
+        "serving": promotion.serving,
+        "promoted": promotion.promoted,
+        "pinned": promotion.pinned,
+        "failed_streak": promotion.failed_streak,
+        "recent": [
+            {
+                **{k: r[k] for k in ("version", "state", "reason", "by", "decided_at", "against")},
+                "failed_checks": [c for c in loads(r["checks"]) if not c["passed"]],
+            }
+            for r in rows
+        ],
+    }
 
 
 def heldout_curve(db: sqlite3.Connection) -> list[dict[str, Any]]:

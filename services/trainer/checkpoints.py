@@ -74,6 +74,37 @@ class StepRecord(msgspec.Struct):
     offsets: dict[str, int]
     """``"<partition>"`` -> the next offset to consume after this step (pending samples read again)."""
     samples_trained: int
+    parent: int | None = None
+    """The version whose weights the step trained (None: ``version - 1``); another after a restore."""
+
+
+class RestoreMark(msgspec.Struct):
+    """A restore to an earlier version (under a gate, after ``gate.restore_after`` failed candidates): written
+    before the trainer reloads, so that a restart before its next step rebuilds the same state. Superseded by the
+    next step, whose record's ``parent`` says the same."""
+
+    to: int
+    """The version whose weights and optimizer state training goes on from."""
+    after: int
+    """The newest version published before the restore: the next step is numbered after it."""
+    offsets: dict[str, int]
+    """``"<partition>"`` -> where consumption goes on (the samples of the discarded steps are not trained again)."""
+    reason: str
+    decided_at: float
+
+
+class ResumePlan(msgspec.Struct):
+    """How to rebuild the trainer's state: a full checkpoint (None: the base weights), then the recorded steps
+    on the path from it to the target version, replayed from the same samples."""
+
+    checkpoint: tuple[CheckpointMeta, Path] | None
+    records: list[StepRecord]
+    target: int
+    """The version whose weights the rebuilt state holds."""
+    numbered: int
+    """The newest version number used so far (the next step publishes ``numbered + 1``)."""
+    mark: RestoreMark | None
+    """The restore this plan carries out (its offsets are where consumption goes on after the replay)."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -135,34 +166,90 @@ class TrainerStore:
         os.replace(tmp, path)
         _fsync_dir(self.steps)
 
-    def steps_after(self, version: int) -> list[StepRecord]:
-        """The recorded steps after ``version``, in order; a gap (a record lost) is refused, as replaying around
-        it would train the policy on a different history than the one it published."""
-        found = sorted(
-            (int(p.stem[1:]), p)
+    def records(self) -> dict[int, StepRecord]:
+        return {
+            int(p.stem[1:]): msgspec.json.decode(p.read_bytes(), type=StepRecord)
             for p in self.steps.glob("v*.json")
-            if p.stem[1:].isdigit() and int(p.stem[1:]) > version
-        )
-        records = [msgspec.json.decode(p.read_bytes(), type=StepRecord) for _, p in found]
-        for expected, record in enumerate(records, start=version + 1):
-            if record.version != expected:
+            if p.stem[1:].isdigit()
+        }
+
+    def checkpoint_versions(self) -> dict[int, Path]:
+        """Every complete full checkpoint (its folder is renamed into place only once written)."""
+        return {
+            int(p.name[6:]): p
+            for p in self.checkpoints.glob("ckpt-v*")
+            if p.name[6:].isdigit() and (p / "meta.json").exists()
+        }
+
+    def write_restore(self, mark: RestoreMark) -> None:
+        tmp = self.checkpoints / ".restore.json.tmp"
+        tmp.write_bytes(msgspec.json.encode(mark))
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.checkpoints / "restore.json")
+        _fsync_dir(self.checkpoints)
+
+    def restore_mark(self) -> RestoreMark | None:
+        path = self.checkpoints / "restore.json"
+        return msgspec.json.decode(path.read_bytes(), type=RestoreMark) if path.exists() else None
+
+    def path_to(self, target: int) -> tuple[int, list[StepRecord]]:
+        """The nearest full checkpoint behind ``target`` (0 with none: the base weights) and the recorded steps
+        from it to ``target``, in order. A missing record is refused, as replaying around it would train the
+        policy on a different history than the one it published."""
+        records, checkpoints = self.records(), self.checkpoint_versions()
+        path: list[StepRecord] = []
+        v = target
+        while v not in checkpoints and v > 0:
+            record = records.get(v)
+            if record is None:
                 raise RuntimeError(
-                    f"step records after checkpoint v{version} have a gap at v{expected} ({self.steps})"
+                    f"the step records behind v{target} have a gap at v{v} ({self.steps}): the state behind "
+                    "it cannot be rebuilt"
                 )
-        return records
+            path.append(record)
+            v = record.parent if record.parent is not None else v - 1
+        path.reverse()
+        return v, path
+
+    def plan(self) -> ResumePlan:
+        """What a start rebuilds: the newest recorded version's state, or a restore's target when the restore is
+        newer than every step."""
+        found = self.latest()
+        records = self.records()
+        head = max([*records, found[0].version if found else 0])
+        mark = self.restore_mark()
+        if mark is not None and mark.after < head:
+            mark = None  # a step after the restore: its record's parent carries it
+        target = mark.to if mark is not None else head
+        anchor, path = self.path_to(target)
+        checkpoints = self.checkpoint_versions()
+        checkpoint = None
+        if anchor in checkpoints:
+            folder = checkpoints[anchor]
+            checkpoint = (
+                msgspec.json.decode((folder / "meta.json").read_bytes(), type=CheckpointMeta),
+                folder,
+            )
+        return ResumePlan(checkpoint, path, target, max(head, mark.after if mark else 0), mark)
+
+    def anchor(self, version: int) -> int | None:
+        """The full checkpoint a restore to ``version`` starts from (None: it has none; 0 may be the base's)."""
+        try:
+            anchor, _ = self.path_to(version)
+        except RuntimeError:
+            return None
+        return anchor
 
     def newest_version(self) -> int:
         """The newest recorded step's version (0: none; the checkpoint's when no step came after it)."""
-        found = self.latest()
-        base = found[0].version if found else 0
-        records = self.steps_after(base)
-        return records[-1].version if records else base
+        return self.plan().numbered
 
     def lineage(self) -> list[list[str]]:
-        """The sample ids of every step behind the newest version, oldest first."""
-        found = self.latest()
-        trained = list(found[0].trained) if found else []
-        return trained + [r.sample_ids for r in self.steps_after(found[0].version if found else 0)]
+        """The sample ids of every step behind the current weights, oldest first."""
+        plan = self.plan()
+        trained = list(plan.checkpoint[0].trained) if plan.checkpoint else []
+        return trained + [r.sample_ids for r in plan.records]
 
     def prune_versions(self, keep: int, protect: Collection[int]) -> None:
         """Delete all but the newest ``keep`` version folders, never one in ``protect`` (the trainer's own, and
@@ -205,9 +292,10 @@ class TrainerStore:
                 raise RuntimeError(f"{tmp} vanished while its ranks were writing")
             time.sleep(poll_s)
 
-    def commit(self, meta: CheckpointMeta, tmp: Path) -> None:
+    def commit(self, meta: CheckpointMeta, tmp: Path, keep: Collection[int] = ()) -> None:
         """Make the staged checkpoint (every rank's state written) the resume point: ``latest.json`` moves to it
-        only once it is complete on disk; older checkpoints are removed."""
+        only once it is complete on disk; older checkpoints are removed, but those in ``keep`` (under a gate, the
+        ones a restore to a promoted version starts from) and the step records after them."""
         final = self.checkpoints / f"ckpt-v{meta.version}"
         for marker in tmp.glob("rank*.done"):
             marker.unlink()
@@ -223,20 +311,31 @@ class TrainerStore:
             os.fsync(fh.fileno())
         os.replace(pointer, self.checkpoints / "latest.json")
         _fsync_dir(self.checkpoints)
-        for old in self.checkpoints.glob("ckpt-v*"):
-            if old.name != final.name:
+        for version, old in self.checkpoint_versions().items():
+            if old.name != final.name and version not in keep:
                 shutil.rmtree(old, ignore_errors=True)
         for staged in self.checkpoints.glob(".ckpt-v*.tmp"):  # a write a kill interrupted
-            shutil.rmtree(staged, ignore_errors=True)
-        for record in self.steps.glob("v*.json"):  # the checkpoint's lineage holds them now
-            if record.stem[1:].isdigit() and int(record.stem[1:]) <= meta.version:
+            if staged != tmp:
+                shutil.rmtree(staged, ignore_errors=True)
+        below = min([meta.version, *keep])
+        for record in self.steps.glob("v*.json"):  # the checkpoints' lineages hold them now
+            if record.stem[1:].isdigit() and int(record.stem[1:]) <= below:
                 record.unlink(missing_ok=True)
+        mark = self.restore_mark()
+        if mark is not None and mark.after < meta.version:
+            (self.checkpoints / "restore.json").unlink(missing_ok=True)
 
-    def save(self, meta: CheckpointMeta, model_state: dict[str, Any], optimizer_state: Any) -> None:
+    def save(
+        self,
+        meta: CheckpointMeta,
+        model_state: dict[str, Any],
+        optimizer_state: Any,
+        keep: Collection[int] = (),
+    ) -> None:
         """A single-process checkpoint: stage, write rank 0's state, commit."""
         tmp = self.stage(meta.version)
         self.write_state(tmp, 0, model_state, optimizer_state)
-        self.commit(meta, tmp)
+        self.commit(meta, tmp, keep)
 
     def latest(self) -> tuple[CheckpointMeta, Path] | None:
         pointer = self.checkpoints / "latest.json"

@@ -25,8 +25,20 @@ def _distributed(sub: Any) -> bool:
     return isinstance(sub, DistributedOptimizer)
 
 
+FRESH = {"fresh": True}
+"""The state of an optimizer that has taken no step (Megatron's distributed optimizer cannot write one): loading it
+starts Adam's moments again and takes the main weights from the model's (under a gate the trainer checkpoints its
+starting state, for a restore to the starting weights)."""
+
+
+def _stepped(optimizer: Any) -> bool:
+    return any(getattr(sub, "optimizer", sub).state for sub in _subs(optimizer))
+
+
 def optimizer_state(optimizer: Any) -> Any:
     """This rank's optimizer state as host copies, detached from the live buffers (``torch.save``-able)."""
+    if not _stepped(optimizer):
+        return dict(FRESH)
     out = []
     for sub in _subs(optimizer):
         state = snapshot(sub.state_dict())  # the distributed optimizer's: param groups and step only
@@ -50,6 +62,13 @@ def optimizer_state(optimizer: Any) -> Any:
 def load_optimizer_state(optimizer: Any, state: Any) -> None:
     """Into a freshly built optimizer of the same layout, after the model's weights were loaded."""
     subs = _subs(optimizer)
+    if state == FRESH:
+        for sub in subs:
+            getattr(
+                sub, "optimizer", sub
+            ).state.clear()  # Adam builds each parameter's state at its first step
+            sub.reload_model_params()  # fp32 main weights (mixed precision, distributed) from the model's
+        return
     states = [state] if len(subs) == 1 else state
     for sub, saved in zip(subs, states, strict=True):
         if _distributed(sub) != ("param_state" in saved):

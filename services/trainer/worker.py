@@ -8,6 +8,10 @@ the offsets committed to Kafka. A restart loads the last full checkpoint, seeks 
 replays the recorded steps after it (the same samples, checked by id; nothing written or announced again), so a
 sample is trained exactly once in the lineage of the published weights, whenever the trainer is killed.
 
+Under a gate (``gate.enabled``) the trainer follows ``versions``: it keeps the full checkpoint behind each promoted
+version, and after ``gate.restore_after`` failed candidates it rebuilds the promoted version's state the same way a
+restart would (that checkpoint, then the recorded steps to the version) and trains on from there (``restore``).
+
 Under torchrun (GPUs; gloo on the CPU in tests) only rank 0 consumes, publishes and commits; it broadcasts each
 batch, and every rank trains its share, joins the weight gather and writes its own checkpoint state (``follow``).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -27,7 +32,7 @@ import msgspec
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from schemas import Sample, WeightsPublished
+from schemas import Sample, VersionDecision, WeightsPublished
 from schemas.topics import SAMPLES, VERSIONS, WEIGHTS
 from services.bus import (
     EventProducer,
@@ -40,10 +45,11 @@ from services.bus import (
 from services.config import Config, KafkaConfig
 from services.erasure.sealing import forgotten_session
 from services.metrics import serve_metrics
-from services.promotion import fold
+from services.promotion import Promotion, fold
 from services.trainer.checkpoints import (
     BackgroundWriter,
     CheckpointMeta,
+    RestoreMark,
     StepRecord,
     TrainerStore,
     VersionFiles,
@@ -59,6 +65,10 @@ log = logging.getLogger("turnstream.trainer")
 STEPS = Counter("turnstream_trainer_steps_total", "Optimizer steps taken")
 SAMPLES_IN = Counter("turnstream_trainer_samples_total", "Samples trained on", ["kind"])
 DROPPED = Counter("turnstream_trainer_dropped_total", "Samples not trained on", ["reason"])
+RESTORES = Counter(
+    "turnstream_trainer_restores_total",
+    "Restores of the promoted version after failed candidates (under a gate)",
+)
 STALENESS = Histogram(
     "turnstream_trainer_staleness_versions",
     "Policy versions between a sample's and the trainer's",
@@ -160,8 +170,13 @@ class TrainerLoop:
         self.store = store
         self.base = base
         self.version = 0
+        """The newest version number published: the next step publishes ``version + 1``."""
+        self.at = 0
+        """The version whose weights the policy holds: ``version``, but after a restore the restored one."""
         self.protected: set[int] = set()
         """Under a gate: the promoted and pinned versions, whose folders a rollback may load again."""
+        self.mark: RestoreMark | None = None
+        """A restore being replayed: consumption goes on at its offsets once the replay is done."""
         self.step = 0
         self.trained: list[list[str]] = []
         self.samples_trained = 0
@@ -175,28 +190,73 @@ class TrainerLoop:
         self.format = policy.version_files().format
 
     def resume(self) -> bool:
-        """Load the newest full checkpoint and queue the recorded steps after it for replay."""
-        found = self.store.latest()
-        records = self.store.steps_after(found[0].version if found else 0)
+        """Load the full checkpoint behind the newest version (or a restore's target) and queue the recorded
+        steps from it for replay."""
+        plan = self.store.plan()
+        found = plan.checkpoint
         broadcast(("resume", str(found[1]) if found else None), self.layout)
         if found is not None:
             meta, folder = found
             self.policy.load_state(self.store.load_state(folder, self.layout.rank))
-            self.version, self.step = meta.version, meta.step
-            self.trained, self.samples_trained = meta.trained, meta.samples_trained
+            self.at, self.step = meta.version, meta.step
+            self.trained, self.samples_trained = list(meta.trained), meta.samples_trained
             self.offsets = {int(p): o for p, o in meta.offsets.items()}
-        elif records:
-            self.offsets = {int(p): o for p, o in records[0].offsets_before.items()}
-        self.replay = deque(records)
-        if found or records:
+        else:  # the base weights
+            self.at, self.step, self.trained, self.samples_trained = 0, 0, [], 0
+            if plan.records:
+                self.offsets = {int(p): o for p, o in plan.records[0].offsets_before.items()}
+        self.version = max(plan.numbered, self.at)
+        self.replay = deque(plan.records)
+        self.mark = plan.mark
+        if self.mark is not None and not self.replay:
+            self.offsets = {int(p): o for p, o in self.mark.offsets.items()}
+        resumed = found is not None or bool(plan.records)
+        if resumed:
             log.info(
                 "resumed from checkpoint",
-                extra={"version": self.version, "offsets": self.offsets, "replaying_steps": len(records)},
+                extra={
+                    "version": self.at,
+                    "offsets": self.offsets,
+                    "replaying_steps": len(plan.records),
+                    "restoring_to": plan.mark.to if plan.mark else None,
+                },
             )
-        return found is not None or bool(records)
+        return resumed
+
+    def restore(self, to: int, reason: str) -> int:
+        """Go back to version ``to``'s weights and optimizer state (under a gate, after ``gate.restore_after``
+        failed candidates): the restore is recorded first, then the state is rebuilt as a start would rebuild it
+        (the full checkpoint behind ``to`` and the steps from it, replayed). Returns how many trained samples the
+        discarded steps held (they are not trained again). The caller seeks ``samples`` to ``self.offsets``."""
+        self.writer.wait()
+        anchor, path = self.store.path_to(to)
+        checkpoints = self.store.checkpoint_versions()
+        if path:
+            trained_at = path[-1].samples_trained
+        elif anchor in checkpoints:
+            meta = msgspec.json.decode((checkpoints[anchor] / "meta.json").read_bytes(), type=CheckpointMeta)
+            trained_at = meta.samples_trained
+        if anchor not in checkpoints:
+            raise RuntimeError(
+                f"restoring v{to}: no full checkpoint behind it (under a gate the trainer keeps one from its "
+                "start; was the gate enabled after this trainer's first steps?)"
+            )
+        self.store.write_restore(
+            RestoreMark(
+                to=to, after=self.version, offsets=_keyed(self.offsets), reason=reason, decided_at=time.time()
+            )
+        )
+        discarded = self.samples_trained - trained_at
+        self.resume()
+        self.since_checkpoint = 0
+        log.warning(
+            "restored a promoted version",
+            extra={"to": to, "from": self.at, "replaying_steps": len(path), "discarded_samples": discarded},
+        )
+        return discarded
 
     def fresh(self, s: Sample) -> bool:
-        lag = self.version - s.weight_version
+        lag = self.at - s.weight_version
         STALENESS.observe(max(lag, 0))
         if lag > self.tc.max_staleness:
             DROPPED.labels("stale").inc()
@@ -224,12 +284,18 @@ class TrainerLoop:
 
     def replayed(self, samples: list[Sample]) -> None:
         record = self.replay.popleft()
-        self.advance(samples)
+        self.advance(samples, record.version)
         self.offsets = {int(p): o for p, o in record.offsets.items()}
-        log.info("replayed step", extra={"version": self.version, "left": len(self.replay)})
+        if not self.replay and self.mark is not None:  # a restore: on from where the discarded steps ended
+            self.offsets = {int(p): o for p, o in self.mark.offsets.items()}
+        log.info("replayed step", extra={"version": self.at, "left": len(self.replay)})
 
-    def advance(self, samples: list[Sample]) -> None:
-        self.version += 1
+    def after_replay_offsets(self) -> dict[int, int]:
+        return dict(self.offsets)
+
+    def advance(self, samples: list[Sample], version: int) -> None:
+        self.version = max(self.version, version)
+        self.at = version
         self.step += 1
         self.trained.append([s.sample_id for s in samples])
         self.samples_trained += len(samples)
@@ -249,9 +315,11 @@ class TrainerLoop:
                 offsets_before=_keyed(self.offsets),
                 offsets=_keyed(offsets),
                 samples_trained=self.samples_trained + len(samples),
+                parent=self.at if self.at != version - 1 else None,
             )
         )
-        self.advance(samples)
+        self.advance(samples, version)
+        self.mark = None
         self.offsets = dict(offsets)
         if checkpoint:
             self.checkpoint()
@@ -264,14 +332,15 @@ class TrainerLoop:
         (``trainer.checkpoint_async``); rank 0 commits it once every rank's file is on disk."""
         self.writer.wait()  # already waited for before the ranks were told, when they were
         meta = CheckpointMeta(
-            version=self.version,
+            version=self.at,
             step=self.step,
             offsets=_keyed(self.offsets),
             trained=list(self.trained),
             samples_trained=self.samples_trained,
             base_model=self.base,
         )
-        tmp = self.store.stage(self.version)
+        tmp = self.store.stage(self.at)
+        keep = {a for v in self.protected if (a := self.store.anchor(v)) is not None}
         barrier(self.layout)  # the staging folder exists
         state = self.policy.state()  # host copies of this step boundary's state
         started = time.perf_counter()
@@ -279,7 +348,7 @@ class TrainerLoop:
         def write() -> None:
             self.store.write_state(tmp, self.layout.rank, *state)
             self.store.wait_for_ranks(tmp, self.layout.world_size)
-            self.store.commit(meta, tmp)
+            self.store.commit(meta, tmp, keep)
             CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
             log.info("checkpoint written", extra={"version": meta.version})
 
@@ -290,13 +359,19 @@ class TrainerLoop:
         self.since_checkpoint = 0
         self.checkpointed_at = time.monotonic()
 
+    def checkpoint_now(self) -> None:
+        """A full checkpoint of the current state, every rank told, committed before this returns."""
+        broadcast(("checkpoint", self.at), self.layout)
+        self.checkpoint()
+        self.writer.wait()
+
     def stop(self) -> None:
         """A clean stop checkpoints what the last full checkpoint lacks, so the next start replays nothing, and
         waits for it to be committed. (After an error there is no stop: the ranks may be inside a collective,
         and torchrun ends them when rank 0 exits.)"""
         self.writer.wait()
         if self.since_checkpoint and not self.replay:
-            broadcast(("checkpoint", self.version), self.layout)
+            broadcast(("checkpoint", self.at), self.layout)
             self.checkpoint()
             self.writer.wait()
         broadcast(("stop",), self.layout)
@@ -430,18 +505,27 @@ async def _run_rank(
     try:
         tps = await topic_partitions(consumer, topic)
         consumer.assign(tps)
-        start: dict[int, int] = {}
-        for tp in tps:
-            if tp.partition in trainer.offsets:
-                start[tp.partition] = trainer.offsets[tp.partition]
-            else:
-                committed = await consumer.committed(tp)
-                start[tp.partition] = (
-                    committed if committed is not None else (await consumer.beginning_offsets([tp]))[tp]
-                )
-            consumer.seek(tp, start[tp.partition])
-        pending = _Pending(start)
-        trainer.offsets = trainer.offsets or dict(start)
+
+        async def seek() -> _Pending:
+            """Consume from the trainer's offsets (a partition it has none for: the group's committed offset)."""
+            start: dict[int, int] = {}
+            for tp in tps:
+                if tp.partition in trainer.offsets:
+                    start[tp.partition] = trainer.offsets[tp.partition]
+                else:
+                    committed = await consumer.committed(tp)
+                    start[tp.partition] = (
+                        committed if committed is not None else (await consumer.beginning_offsets([tp]))[tp]
+                    )
+                consumer.seek(tp, start[tp.partition])
+            trainer.offsets = {**start, **trainer.offsets}
+            return _Pending(start)
+
+        pending = await seek()
+        gate = _GateWatch(config) if config.gate.enabled else None
+        if gate is not None and not store.checkpoint_versions():
+            # A restore to the starting weights needs their optimizer state too: one full checkpoint, now.
+            await torch_thread.run(trainer.checkpoint_now)
         # A kill between a step's record and its announcement leaves the newest version unannounced: announce it
         # now, unless it went out (each version is announced once).
         newest = trainer.newest_announcement()
@@ -499,13 +583,20 @@ async def _run_rank(
                     await torch_thread.run(trainer.train, replayed)
                 trainer.replayed(replayed)
                 if not trainer.replay:
-                    pending.after_replay({int(p): o for p, o in record.offsets.items()}, trainer.fresh)
+                    pending.after_replay(trainer.offsets, trainer.fresh)
+            if gate is not None and not trainer.replay:
+                promotion = await gate.promotion(force=len(pending.samples) >= tc.rollout_batch_size)
+                if promotion is not None:
+                    trainer.protected = _served(promotion)
+                    if promotion.failed_streak >= config.gate.restore_after and gate.may_restore(promotion):
+                        if await _restore(trainer, promotion, producer, torch_thread):
+                            pending = await seek()
+                            gate.forget()
+                            continue
             while not trainer.replay and len(pending.samples) >= tc.rollout_batch_size and not stop.is_set():
                 samples = pending.take(tc.rollout_batch_size)
                 offsets = pending.safe_offsets()
                 checkpoint = trainer.checkpoint_due()
-                if config.gate.enabled:
-                    trainer.protected = await _served_versions(config.kafka)
                 stats = await torch_thread.run(trainer.train, samples, checkpoint)
                 announcement = await torch_thread.run(trainer.persist, samples, offsets, checkpoint)
                 announcement = msgspec.structs.replace(
@@ -543,10 +634,73 @@ async def _at_end(consumer: Any, tps: list[TopicPartition]) -> bool:
     return True
 
 
-async def _served_versions(kafka: KafkaConfig) -> set[int]:
-    """The versions a gated proxy may serve again (``versions``: promoted, or pinned): kept on disk."""
-    promotion = fold([rec.event async for rec in read_topic(kafka, VERSIONS)])
+class _GateWatch:
+    """The gate's decisions (``versions``), read again before each step and every ``gate.poll_s`` while idle."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.read_at = -math.inf
+
+        self.failed_at: int | None = None
+        """The decision count when a restore failed: not tried again until another decision."""
+
+    def forget(self) -> None:
+        self.read_at = -math.inf
+
+    def may_restore(self, promotion: Promotion) -> bool:
+        if self.failed_at == promotion.decisions:
+            return False
+        self.failed_at = promotion.decisions  # cleared by the restore's own decision when it succeeds
+        return True
+
+    async def promotion(self, force: bool) -> Promotion | None:
+        """The fold of every decision, or None when read less than ``gate.poll_s`` ago and not ``force``d."""
+        if not force and time.monotonic() - self.read_at < self.config.gate.poll_s:
+            return None
+        self.read_at = time.monotonic()
+        return fold([rec.event async for rec in read_topic(self.config.kafka, VERSIONS)])
+
+
+def _served(promotion: Promotion) -> set[int]:
+    """The versions a gated proxy may serve again (promoted, or pinned): kept on disk, with the checkpoint a
+    restore to them starts from."""
     return set(promotion.history) | ({promotion.pinned} if promotion.pinned is not None else set())
+
+
+async def _restore(
+    trainer: TrainerLoop, promotion: Promotion, producer: EventProducer, torch_thread: RankThread
+) -> bool:
+    """``gate.restore_after`` candidates failed in a row: training goes on from the promoted version's weights and
+    optimizer state, and ``versions`` says so (which ends the streak)."""
+    failed = sorted(v for v, state in promotion.states.items() if state in ("rejected", "rolled_back"))
+    to = promotion.promoted
+    reason = (
+        f"{promotion.failed_streak} candidates failed the gate in a row (latest: "
+        f"{', '.join(f'v{v}' for v in failed[-promotion.failed_streak :])}); training goes on from v{to}'s "
+        f"weights and optimizer state, and the samples of the steps after v{to} are not trained again"
+    )
+    discarded = 0
+    if trainer.at != to:  # else restored already (a restart between the restore and its decision)
+        try:
+            discarded = await torch_thread.run(trainer.restore, to, reason)
+        except RuntimeError as exc:  # nothing changed: training goes on, and the gate keeps rejecting
+            log.error("cannot restore the promoted version", extra={"to": to, "error": str(exc)})
+            return False
+        DROPPED.labels("restored_away").inc(discarded)
+    RESTORES.inc()
+    await producer.send(
+        VERSIONS,
+        VersionDecision(
+            version=to,
+            state="restored",
+            reason=f"{reason} ({discarded} samples)",
+            by="trainer",
+            decided_at=time.time(),
+            against=trainer.version,
+        ),
+        "policy",
+    )
+    return True
 
 
 async def _announced_version(kafka: KafkaConfig) -> int:

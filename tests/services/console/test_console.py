@@ -231,3 +231,40 @@ async def test_a_projection_rebuilt_from_a_replay_equals_the_live_one(
     await task
     assert dump(again) == dump(rebuilt)
     assert spec_for("evals").event_type.__name__ == "EvalResult"
+
+
+async def test_the_versions_page_shows_the_gates_decisions_and_what_is_served(tmp_path: Path) -> None:
+    """Under a gate each version's state comes from ``versions`` (the same fold the proxy serves by), with the
+    reason and the failing checks, and the pin and the trainer's restore are in the log."""
+    from schemas import VersionCheck, VersionDecision
+
+    def decision(version: int, state: str, reason: str, by: str = "gate", **kw: Any) -> VersionDecision:
+        return VersionDecision(
+            version=version, state=state, reason=reason, by=by, decided_at=time.time(), **kw
+        )
+
+    db_path = tmp_path / "console.sqlite3"
+    db = connect(db_path)
+    failing = VersionCheck(name="heldout:plain-short", value=0.31, bound=0.95, passed=False)
+    apply(
+        db,
+        [
+            decision(1, "candidate", "published"),
+            decision(1, "promoted", "every check passed"),
+            decision(2, "rejected", "1 check failed", checks=[failing], against=1),
+            decision(3, "rejected", "1 check failed", checks=[failing], against=1),
+            decision(1, "restored", "2 candidates failed the gate in a row", by="trainer"),
+            decision(1, "pinned", "freeze while we look", by="manual"),
+        ],
+    )
+    async with client(db_path) as http:
+        text = (await http.get("/versions")).text
+        api = (await http.get("/api/decisions")).json()
+        rows = {r["version"]: r for r in (await http.get("/api/versions")).json()}
+    assert "Serving <b>v1</b>, pinned (promoted: v1)" in text
+    assert "heldout:plain-short: 0.310 &lt; 0.950" in text and "freeze while we look" in text
+    assert 'title="every check passed">promoted (serving)<' in text
+    assert api["serving"] == 1 and api["failed_streak"] == 0 and api["recent"][0]["state"] == "pinned"
+    assert api["recent"][3]["failed_checks"][0]["name"] == "heldout:plain-short"
+    assert {v: r["state"] for v, r in rows.items()} == {1: "promoted", 2: "rejected", 3: "rejected"}
+    assert rows[2]["reason"] == "1 check failed" and rows[1]["serving"] is True

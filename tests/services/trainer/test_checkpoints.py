@@ -69,15 +69,17 @@ def test_step_records_replay_in_order_and_a_gap_is_refused(tmp_path: Path) -> No
 
     for v in (1, 2, 3):
         store.write_step(record(v))
-    assert [r.version for r in store.steps_after(0)] == [1, 2, 3] and store.newest_version() == 3
+    assert [r.version for r in store.plan().records] == [1, 2, 3] and store.newest_version() == 3
     tmp = store.stage(2)
     store.write_state(tmp, 0, {}, {})
     store.commit(CheckpointMeta(2, 2, {"0": 2}, [["s1"], ["s2"]], 2, "base"), tmp)
-    assert [r.version for r in store.steps_after(2)] == [3], "the checkpoint's lineage holds the older steps"
+    plan = store.plan()
+    assert plan.checkpoint is not None and plan.checkpoint[0].version == 2
+    assert [r.version for r in plan.records] == [3], "the checkpoint's lineage holds the older steps"
     assert store.lineage() == [["s1"], ["s2"], ["s3"]] and store.newest_version() == 3
     store.write_step(record(5))
     with pytest.raises(RuntimeError, match="gap at v4"):
-        store.steps_after(2)
+        store.plan()
 
 
 def test_a_background_checkpoint_commits_when_every_rank_is_written_and_reports_failure(
@@ -120,3 +122,39 @@ def test_pruning_keeps_the_newest_and_every_protected_version(tmp_path: Path) ->
         (store.versions / f"v{v}").mkdir()
     store.prune_versions(3, protect={9, 2, 5})
     assert sorted(p.name for p in store.versions.iterdir()) == ["v2", "v5", "v7", "v8", "v9"]
+
+
+def test_a_restore_replays_the_path_to_its_target_and_the_next_step_records_its_parent(
+    tmp_path: Path,
+) -> None:
+    """Under a gate the trainer may go back to a promoted version: the state behind any version is rebuilt from
+    the nearest full checkpoint on its path (parents, not version numbers), a restore not yet followed by a step
+    is its mark, and the checkpoints a restore needs outlive newer ones."""
+    from services.trainer.checkpoints import RestoreMark, StepRecord
+
+    store = TrainerStore(tmp_path)
+
+    def record(v: int, parent: int | None = None) -> StepRecord:
+        return StepRecord(v, [f"s{v}"], {"0": v - 1}, {"0": v}, v, parent)
+
+    store.save(CheckpointMeta(0, 0, {"0": 0}, [], 0, "base"), {}, {})  # the gate's checkpoint of the start
+    for v in (1, 2, 3):
+        store.write_step(record(v))
+    store.save(CheckpointMeta(3, 3, {"0": 3}, [["s1"], ["s2"], ["s3"]], 3, "base"), {}, {}, keep=[0])
+    assert sorted(store.checkpoint_versions()) == [0, 3], "the promoted version's checkpoint is kept"
+    assert store.anchor(1) == 0 and store.anchor(3) == 3
+    assert [r.version for r in store.path_to(2)[1]] == [1, 2], "records after a kept checkpoint stay"
+
+    store.write_restore(RestoreMark(to=1, after=3, offsets={"0": 3}, reason="two failed", decided_at=0.0))
+    plan = store.plan()
+    assert plan.target == 1 and plan.numbered == 3 and plan.mark is not None
+    assert plan.checkpoint is not None and plan.checkpoint[0].version == 0
+    assert [r.version for r in plan.records] == [1]
+
+    store.write_step(record(4, parent=1))  # the first step after the restore: on v1's weights
+    plan = store.plan()
+    assert plan.mark is None and plan.target == 4 and plan.numbered == 4
+    assert [r.version for r in plan.records] == [1, 4] and store.lineage() == [["s1"], ["s4"]]
+    store.save(CheckpointMeta(4, 2, {"0": 4}, [["s1"], ["s4"]], 2, "base"), {}, {}, keep=[0])
+    assert store.restore_mark() is None, "a checkpoint after the restore supersedes its mark"
+    assert sorted(store.checkpoint_versions()) == [0, 4] and store.plan().records == []
