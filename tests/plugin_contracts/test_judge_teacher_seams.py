@@ -11,7 +11,7 @@ from schemas import Message
 from services.config import Config, KafkaConfig
 from services.judge.backends import from_config
 from services.judge.worker import Judge, run_judge
-from services.plugins import PluginError
+from services.plugins import PluginError, load_function
 from services.teacher.enhance import HINT_TEMPLATE, enhanced_messages, load_template
 from tests.services.judge.conftest import expected_keys, judge_config, make_pairs, publish
 from tests.services.judge.test_worker import run_until
@@ -92,3 +92,20 @@ def test_the_hint_template_is_a_file_with_one_placeholder(tmp_path: Path) -> Non
         ValueError, match=r"teacher\.hint_template: .*hint\.txt must contain \{hint\} exactly once"
     ):
         load_template(mine)
+
+
+def test_the_inverted_votes_example_turns_eval_scores_around_and_leaves_hints() -> None:
+    """The bad signal of docs/evaluation.md's experiment, loaded as a plugin is."""
+    judge = Judge(
+        "j",
+        from_config(Config()),
+        None,
+        None,
+        parse=load_function(
+            "judge.vote_parser", "examples.plugins.inverted_votes:parse_vote", ("kind", "text")
+        ),
+    )
+    assert [judge._to_vote("eval", f"\\boxed{{{s}}}").score for s in ("1", "-1", "0")] == [-1, 1, 0]
+    assert judge._to_vote("eval", "no verdict").score is None
+    hint = judge._to_vote("hint", "\\boxed{1} [HINT_START]Answer in one short sentence.[HINT_END]")
+    assert (hint.score, hint.hint) == (1, "Answer in one short sentence.")
