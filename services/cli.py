@@ -182,6 +182,10 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "gate", help="decide which weight versions are promoted, from their evaluations (-> versions)"
+    ).add_argument(
+        "--standby",
+        action="store_true",
+        help="with gate.enabled off, stay up deciding nothing instead of refusing to start (compose)",
     )
 
     versions = sub.add_parser(
@@ -595,7 +599,8 @@ def _worker(config: Config, args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"turnstream {args.command}: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(getattr(importlib.import_module(module), function)(config))
+    extra = {"standby": args.standby} if args.command == "gate" else {}
+    asyncio.run(getattr(importlib.import_module(module), function)(config, **extra))
     return 0
 
 

@@ -20,7 +20,7 @@ from services.cli import _parser
 from services.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
-OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer", "eval", "console")
+OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer", "eval", "gate", "console")
 
 
 def resolve(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -158,6 +158,7 @@ def test_every_service_runs_a_real_command_with_a_valid_configuration(default: d
         assert entry[-2:] == ["-m", "services.cli"], name
         args = _parser().parse_args(s["command"])
         assert args.command == ("judge" if name == "judge-alt" else name)
+        assert name != "gate" or args.standby, "with the gate off it stands by instead of restarting for ever"
         env = {k: v for k, v in s["environment"].items() if v is not None}
         config = load_config(env=env)  # raises on an unknown or invalid TURNSTREAM_* setting
         assert config.kafka.bootstrap == "kafka:9092" and config.redis.url == "redis://redis:6379/0"
@@ -375,6 +376,27 @@ def test_the_one_gpu_layout_serves_policy_judge_and_teacher_from_one_lora_engine
     assert cmd[cmd.index("--max-lora-rank") + 1] == str(lora.rank) and "--enable-lora" in cmd
     assert cmd[at + 1 : at + 1 + len(lora.target_modules)] == lora.target_modules
     assert s["trainer"]["environment"]["TURNSTREAM_TRAINER_RECOMPUTE"] == "full"
+
+
+def test_one_setting_guards_learning_for_the_gate_the_proxy_and_the_trainer() -> None:
+    """GATE_ENABLED alone: the gate decides, the proxy's reloader serves what it promotes and the trainer
+    restores, with the mechanism each layout can run (full weights: serve-then-check; one GPU, LoRA: adapter)."""
+    for files, mechanism in (
+        (("compose.yaml",), "serve-then-check"),
+        (("compose.yaml", "compose.one-gpu.yaml"), "adapter"),
+    ):
+        for enabled in ("true", "false"):
+            out = resolve(*files, GATE_ENABLED=enabled, GATE_MARGIN="0.02")
+            assert out.returncode == 0, out.stderr
+            s = json.loads(out.stdout)["services"]
+            for name in ("gate", "proxy", "trainer", "eval"):
+                env = {k: v for k, v in s[name]["environment"].items() if v is not None}
+                gate = load_config(
+                    env=env
+                ).gate  # validates: adapter needs LoRA, which the one-GPU layout has
+                assert gate.enabled == (enabled == "true") and gate.margin == 0.02, (files, name)
+                if name in ("gate", "proxy"):
+                    assert gate.mechanism == mechanism, (files, name)
 
 
 H200_GIB = 139.0

@@ -51,10 +51,12 @@ async def read_state(config: Config, required: list[str], heldout: str | None) -
 
 
 async def run_gate(
-    config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
+    config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None, standby: bool = False
 ) -> None:
-    """Until SIGTERM/SIGINT or ``stop``: decide each version's promotion."""
-    if not config.gate.enabled:
+    """Until SIGTERM/SIGINT or ``stop``: decide each version's promotion. ``standby``: with ``gate.enabled`` off,
+    stay up deciding nothing instead of refusing to start (compose runs the gate always, so that one setting,
+    ``GATE_ENABLED``, turns guarding on for the gate, the proxy and the trainer together)."""
+    if not config.gate.enabled and not standby:
         raise SystemExit("turnstream gate: gate.enabled is off (TURNSTREAM_GATE_ENABLED=true turns it on)")
     required, heldout = required_sets(config)
     if not required:
@@ -65,6 +67,10 @@ async def run_gate(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     serve_metrics(config.metrics.port, config.metrics.host)
+    if not config.gate.enabled:
+        log.info("gate standing by: gate.enabled is off, so every published version is served as it comes")
+        await stop.wait()
+        return
     log.info("gate running", extra={"required": required, "mechanism": config.gate.mechanism})
     async with EventProducer(config.kafka, client_id=f"{config.kafka.client_id}-gate") as producer:
         while not stop.is_set():

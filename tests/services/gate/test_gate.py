@@ -87,3 +87,20 @@ async def test_the_gate_promotes_a_good_candidate_and_rolls_back_a_worse_one(kaf
 async def test_the_gate_refuses_to_start_switched_off(kafka: KafkaConfig) -> None:
     with pytest.raises(SystemExit, match=r"gate\.enabled is off"):
         await run_gate(Config(kafka=kafka), install_signals=False)
+
+
+async def test_a_standby_gate_switched_off_stays_up_and_decides_nothing(kafka: KafkaConfig) -> None:
+    """Compose runs ``turnstream gate --standby`` always: with the gate off it must neither exit (a restart loop)
+    nor decide anything, whatever is published and evaluated."""
+    async with EventProducer(kafka) as producer:
+        await producer.send(WEIGHTS, announced(1), "policy")
+        await producer.send(EVALS, held(0, 4), "0")
+        await producer.send(EVALS, held(1, 0), "1")
+    stop = asyncio.Event()
+    config = Config(kafka=kafka, gate=GateConfig(poll_s=0.2))
+    task = asyncio.create_task(run_gate(config, install_signals=False, stop=stop, standby=True))
+    await asyncio.sleep(3)  # fifteen polls of an enabled gate
+    assert not task.done()
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert [r async for r in read_topic(kafka, VERSIONS)] == []
