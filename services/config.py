@@ -46,21 +46,31 @@ class KafkaConfig(_Section):
     namespace: str = ""
     """Topic name prefix, e.g. ``replay-2026-11-29.``; empty for the live topics."""
     client_id: str = "turnstream"
+    """Prefix of each Kafka client's id (the service's name is added): what the broker's logs and quotas see."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How clients reach the brokers: plain, TLS, SASL or SASL over TLS (docs/security.md)."""
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """SASL's mechanism, with ``sasl_username`` and ``sasl_password`` (SASL_PLAINTEXT, SASL_SSL)."""
     sasl_username: str | None = None
+    """The SASL user."""
     sasl_password: str | None = None
+    """The SASL password (masked by ``turnstream config show``)."""
     ssl_cafile: str | None = None
     """CA bundle that signed the brokers' certificates (SSL, SASL_SSL; default: the system's CAs)."""
     ssl_certfile: str | None = None
     """Client certificate for mutual TLS, with ``ssl_keyfile``."""
     ssl_keyfile: str | None = None
+    """The private key of ``ssl_certfile``."""
     request_timeout_ms: PositiveInt = 30_000
+    """How long a Kafka request (produce, fetch, metadata) may take before it fails and is retried."""
     max_batch: PositiveInt = 256
     """Most records one consumer poll hands to a service."""
     poll_timeout_ms: PositiveInt = 500
+    """How long one consumer poll waits for records before the service's loop goes round (sweeps, stop checks)."""
     session_timeout_ms: PositiveInt = 10_000
+    """A consumer not heard from for this long leaves its group and its partitions go to another."""
     heartbeat_interval_ms: PositiveInt = 1_000
+    """How often a consumer tells its group it is alive (well under ``session_timeout_ms``)."""
     connect_wait_s: NonNegFloat = 300.0
     """How long a service keeps retrying when the broker is unreachable as it starts (a broker restarting, or
     started after the services) before it gives up; 0: fail at once."""
@@ -124,7 +134,9 @@ class KafkaConfig(_Section):
 
 class RedisConfig(_Section):
     url: str = "redis://127.0.0.1:6379/0"
+    """The Redis server (``redis://`` or ``rediss://`` with TLS; a password in it is masked by ``config show``)."""
     key_prefix: str = "turnstream:"
+    """Prefix of every key turnstream writes, so pipelines (or a test) can share one Redis."""
     session_ttl_s: PositiveInt = 30 * 86400
     """How long a session's turn counter outlives its last turn. Every key turnstream writes expires; this is
     the longest-lived. A session continued after it restarts its numbering (new turn ids ``<session>:1``, ...), so
@@ -146,6 +158,7 @@ class EngineConfig(_Section):
     """The policy engine the proxy serves from: SGLang 0.5.23's HTTP API (``turnstream engine`` starts one)."""
 
     url: str = "http://127.0.0.1:30000"
+    """The policy engine's base URL."""
     api_key: str | None = None
     """SGLang's ``--api-key``: ``turnstream engine`` starts the engine with it and every turnstream client of the
     policy engine sends it (generation, scoring, info). ``turnstream run`` makes one; compose takes
@@ -155,18 +168,24 @@ class EngineConfig(_Section):
     cache flushes); the proxy's reloader sends it, no other service holds it. ``turnstream engine`` refuses to
     listen beyond loopback without both keys."""
     timeout_s: PositiveFloat = 120.0
+    """One HTTP call to an engine (generation included) may take this long; also the eval service's and the proxy's."""
     retries: NonNegInt = 3
+    """Retries of an engine call that failed in a way that is safe to repeat (no connection, or a 5xx/429 to an
+    idempotent call), with exponential backoff."""
 
 
 class ProxyConfig(_Section):
     host: str = "127.0.0.1"
+    """Where the proxy listens; beyond loopback it requires ``api_key`` or ``keys_file``."""
     port: Port = 8000
+    """The proxy's port (the OpenAI API at ``/v1``)."""
     api_key: str | None = None
     """When set (or ``keys_file``), clients must send ``Authorization: Bearer <key>`` for the API, ``/v1/models``
     and ``/metrics`` (``/healthz`` is open). Without either the proxy starts only on a loopback address."""
     keys_file: str = ""
     """One key per user: lines ``<user id> <key>`` (keys of 16 characters or more; keep it 0600)."""
     served_model_name: str = "turnstream-policy"
+    """The model name ``/v1/models`` lists and responses carry; requests may name any model (``side_models`` aside)."""
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
     """The largest request body (side turns; main turns have ``max_turn_bytes``): larger is a 413."""
     max_turn_bytes: PositiveInt = 3 * 1024 * 1024
@@ -225,6 +244,8 @@ class ProxyConfig(_Section):
     tokenizer_path: str = ""
     """Tokenizer for re-tokenizing when an engine returns no token ids (counted as a mismatch metric)."""
     redis_timeout_ms: PositiveInt = 250
+    """How long a request waits on Redis (turn numbers, session resolution) before it is served without it, logged:
+    Redis trouble never fails a user's request."""
     reload: bool = True
     """Run the weight reloader in the proxy process (one proxy per engine should)."""
     reload_timeout_s: PositiveFloat = 600.0
@@ -249,8 +270,12 @@ class ProxyConfig(_Section):
 
 class PairerConfig(_Section):
     idle_timeout_s: PositiveFloat = 1800.0
+    """A session without a new turn for this long is over: its last turn gets a terminal pairing (no next state),
+    counted as ``idle``."""
     sweep_interval_s: PositiveFloat = 5.0
+    """How often the pairer looks for idle sessions."""
     group_id: str = "turnstream-pairer"
+    """The pairer's Kafka consumer group."""
     state_ttl_s: PositiveFloat = 2 * 86400.0
     """A backstop: a session's open turn stays in Redis at most this long after it arrived, even when no idle
     sweep closes it (the pairer stopped for days). A state that expired unswept is counted
@@ -267,18 +292,24 @@ class PairerConfig(_Section):
 
 class JudgeConfig(_Section):
     judge_id: str = "default"
+    """This judge group's id: its votes carry it, and it names the consumer group (``group_id``), so two ids vote
+    side by side."""
     backend: str = "engine"
     """``engine`` (an LLM behind the engine API), ``rules`` (keyword rules, for tests and CPU demos) or a
     plugin's ``package.module:Class`` (docs/extending.md)."""
     engine_url: str = "http://127.0.0.1:30001"
+    """The judge's engine (the ``engine`` backend), an OpenAI-compatible chat API."""
     model: str = ""
+    """The model name sent to the judge engine (default: what it serves, read at start)."""
     m: PositiveInt = 1
     """Eval votes and hint votes per turn (OpenClaw's PRM_M; mode rl's default is 3, OpenClaw's)."""
     temperature: NonNegFloat = 0.6
+    """Sampling temperature of each vote (OpenClaw's PRM_TEMPERATURE): above 0 so ``m`` votes can differ."""
     max_tokens: PositiveInt = 2048
     """Tokens per judge answer (OpenClaw's PRM_MAX_NEW_TOKENS; the modes' defaults are OpenClaw's: rl 4096, opd and
     combine 8192), enough for a reasoning judge to reach its verdict."""
     max_concurrency: PositiveInt = 8
+    """Votes in flight per worker."""
     eval_mode: bool = True
     """Run eval votes (OpenClaw's OPENCLAW_EVAL_MODE); hint votes always run."""
     deadline_s: PositiveFloat = 300.0
@@ -292,6 +323,7 @@ class JudgeConfig(_Section):
     max_batch: PositiveInt = 32
     """Paired turns per consumer batch; small enough that a batch finishes well inside Kafka's poll interval."""
     api_key: str | None = None
+    """Bearer key sent to the judge engine (compose: ``ENGINE_API_KEY``)."""
 
     @property
     def group_id(self) -> str:
@@ -301,20 +333,26 @@ class JudgeConfig(_Section):
 
 class TeacherConfig(_Section):
     engine_url: str = "http://127.0.0.1:30002"
+    """The teacher's engine (SGLang), which scores the policy's response under the hint."""
     model: str = ""
+    """The teacher model's name recorded with its scores (default: what the engine serves)."""
     tokenizer: str = ""
     """Folder or hub id of the teacher's tokenizer (default: the teacher engine's model path from
     /get_model_info). It must share the policy's vocabulary: the teacher scores the policy's exact token ids."""
     top_k: NonNegInt = 0
     """0: log-probs of the response tokens only; K > 0: also the teacher's top-K per position."""
     max_concurrency: PositiveInt = 1
+    """Scoring calls in flight per worker (OpenClaw's OPENCLAW_OPD_TEACHER_LP_MAX_CONCURRENCY)."""
     judge_ids: list[str] = msgspec.field(default_factory=list)
     """Score accepted hints of these judges only (default: every judge)."""
     deadline_s: PositiveFloat = 300.0
     """Transient teacher-engine failures are retried until then, after which the batch is retried."""
     max_batch: PositiveInt = 16
+    """Accepted hints per consumer batch."""
     group_id: str = "turnstream-teacher"
+    """The teacher's Kafka consumer group."""
     api_key: str | None = None
+    """Bearer key sent to the teacher engine (compose: ``ENGINE_API_KEY``)."""
     hint_template: str = ""
     """File whose text, with ``{hint}`` replaced by the hint, is appended to the turn's last user message
     (default: ``services/teacher/hint.txt``, OpenClaw-RL's)."""
@@ -330,17 +368,20 @@ class DispatcherConfig(_Section):
     decide: str = "services.dispatcher.rules:decide"
     """``(mode, eval_score, hint_accepted, session_has_effective_sample) -> kind | None`` (docs/extending.md)."""
     judge_ids: list[str] = msgspec.field(default_factory=lambda: ["default"])
+    """The judge groups whose judgments a sample waits for (see ``judge_combine``)."""
     judge_combine: Literal["single", "majority"] = "single"
     """How the eval scores of several judge ids combine: the first id's, or their majority (ties give 0)."""
     join_timeout_s: PositiveFloat = 3600.0
     """A turn whose inputs are not all there this long after its first input is dropped (and counted)."""
     sweep_interval_s: PositiveFloat = 5.0
+    """How often turns past ``join_timeout_s`` are looked for."""
     dedupe_ttl_s: PositiveFloat = 7 * 86400.0
     """How long a decided turn is remembered: redelivered or re-judged inputs within it never emit again."""
     claim_lease_s: PositiveFloat = 30.0
     """A sample claimed by a dispatcher that died before confirming it is checked against ``samples`` (and
     emitted if missing) once the claim is this old."""
     group_id: str = "turnstream-dispatcher"
+    """The dispatcher's Kafka consumer group."""
 
     def __post_init__(self) -> None:
         if not self.judge_ids or any(not j.strip() for j in self.judge_ids):
@@ -361,12 +402,15 @@ class LoraConfig(_Section):
     ``TURNSTREAM_TRAINER_LORA_<FIELD>``."""
 
     enabled: bool = False
+    """Train LoRA adapters instead of every weight (``turnstream run --lora``; docs/lora.md)."""
     rank: PositiveInt = 16
+    """The adapters' rank (the engine's ``--max-lora-rank`` must be at least this)."""
     alpha: PositiveFloat = 32.0
     """The update is scaled by alpha / rank, as PEFT scales it."""
     dropout: Probability = 0.0
     """On the adapters' input in training (PEFT's ``lora_dropout``)."""
     target_modules: list[str] = msgspec.field(default_factory=lambda: list(LORA_TARGETS))
+    """The projections that get adapters (the engine's ``--lora-target-modules`` must include them)."""
     publish: Literal["adapter", "merged"] = "adapter"
     """Each version as a PEFT adapter (megabytes; the engine serves it on the base model) or as full weights with
     the adapter merged in (for engines without LoRA)."""
@@ -383,25 +427,43 @@ class TrainerConfig(_Section):
     hf_checkpoint: str = ""
     """The policy's starting Hugging Face folder (OpenClaw's HF_CKPT)."""
     output_dir: str = ""
+    """Where weight versions (``versions/v<N>``), checkpoints and step records go; empty: the cache's ``weights``
+    folder. The policy engine loads versions from here."""
     rollout_batch_size: PositiveInt = 16
+    """Samples per training step (one optimizer step, one weight version)."""
     lr: PositiveFloat = 1e-5
+    """Adam's learning rate (constant)."""
     adam_beta1: Probability = 0.9
+    """Adam's beta1."""
     adam_beta2: Probability = 0.98
+    """Adam's beta2."""
     weight_decay: NonNegFloat = 0.1
+    """AdamW's decoupled weight decay."""
     eps_clip: Probability = 0.2
+    """The PPO ratio's lower clip: ratios below 1 - eps_clip are clipped."""
     eps_clip_high: NonNegFloat = 0.28
+    """The PPO ratio's upper clip, 1 + eps_clip_high (asymmetric, as slime's; mode opd's default is 0.2)."""
     w_opd: NonNegFloat = 1.0
+    """Weight of the distillation advantage (teacher - old log-prob) in combine (OpenClaw's OPENCLAW_COMBINE_W_OPD)."""
     w_rl: NonNegFloat = 1.0
+    """Weight of the reward in combine's advantage (OpenClaw's OPENCLAW_COMBINE_W_RL)."""
     entropy_coef: NonNegFloat = 0.0
+    """Weight of the entropy bonus (0: reported, not trained on)."""
     kl_coef: NonNegFloat = 0.0
+    """Weight of the KL penalty from the reference (``reference_checkpoint``; 0: no reference is loaded)."""
     max_staleness: NonNegInt = 4
+    """A sample whose response came from weights more than this many versions older than the trainer's is dropped
+    (counted as ``stale``)."""
     clip_grad: NonNegFloat = 1.0
+    """Gradients are clipped to this total norm (0: not clipped)."""
     group_id: str = "turnstream-trainer"
+    """The trainer's Kafka consumer group (its committed offsets are where a restart resumes)."""
     max_steps: NonNegInt = 0
     """Stop after this many steps in this run (0: run until stopped)."""
     keep_versions: PositiveInt = 5
     """Published weight folders kept on disk (older ones are deleted; the engine has loaded them by then)."""
     checkpoint_every_steps: PositiveInt = 10
+    """See ``checkpoint_every_s``."""
     checkpoint_every_s: PositiveFloat = 1800.0
     """A full checkpoint (every rank's model and optimizer state: 2 x DP + 12 bytes per parameter in bf16 with
     the distributed optimizer, 147 GB for 8B at DP 3) after this many steps or seconds since the last, whichever
@@ -424,6 +486,7 @@ class TrainerConfig(_Section):
     topk_coef: NonNegFloat = 0.0
     """Weight of the top-K distillation loss (samples carrying the teacher's top-K; see ``teacher.top_k``)."""
     tensor_parallel: PositiveInt = 1
+    """Megatron's tensor-parallel size."""
     pipeline_parallel: PositiveInt = 1
     """Model-parallel sizes; data parallelism is the rest of torchrun's world size."""
     layer_spec: Literal["auto", "local", "te"] = "auto"
@@ -482,6 +545,7 @@ class EvalConfig(_Section):
     max_tokens: PositiveInt = 64
     """Per answer, as the simulated users ask (``turnstream simulate --max-tokens``)."""
     concurrency: PositiveInt = 4
+    """Held-out questions asked at once."""
     poll_s: PositiveFloat = 2.0
     """How often the engine's served version is checked."""
     sets: list[str] = msgspec.field(default_factory=list)
@@ -526,7 +590,9 @@ class ConsoleConfig(_Section):
     """``turnstream console``: the web pages over a projection of the topics."""
 
     host: str = "127.0.0.1"
+    """Where the console listens (loopback unless you put it behind your own proxy; see ``allowed_hosts``)."""
     port: Port = 8080
+    """The console's port."""
     db_path: str = ""
     """The projection (SQLite); default: ``<cache>/console/<namespace or live>.sqlite3``. Delete it to rebuild."""
     tokenizer: str = ""
@@ -546,15 +612,18 @@ class RunConfig(_Section):
     local_infra: bool = True
     """Start the local Kafka and Redis from ``scripts/`` (left running afterwards); false: use the configured ones."""
     engine_port: Port = 30000
+    """The policy engine's port (``ENGINE_PORT`` for ``make run``)."""
     teacher_engine_port: Port = 30002
+    """The judge/teacher engine's port."""
     metrics_port_base: Port = 9101
-    """pairer, judge, teacher, dispatcher, trainer, simulate and eval expose /metrics on this port and the six
-    after it."""
+    """pairer, judge, teacher, dispatcher, trainer, simulate, eval and gate expose /metrics on this port and the
+    seven after it."""
     judge_backend: str = "rules"
     """``rules`` on the CPU; ``engine`` judges with the teacher engine; or a plugin's ``package.module:Class``."""
     run_dir: str = ""
     """Where each service's log goes; empty: ``<cache>/run/<timestamp>``."""
     startup_timeout_s: PositiveFloat = 600.0
+    """How long a service may take to become ready (an engine loading its model included) before the run gives up."""
     simulate: NonNegInt = 0
     """Simulated users to drive through the proxy (``turnstream simulate``); 0: none."""
     until_version: NonNegInt = 0
@@ -579,7 +648,9 @@ class MetricsConfig(_Section):
 
 class LoggingConfig(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """The least severe record logged."""
     format: Literal["json", "text"] = "json"
+    """``json``: one object per line (for a log pipeline); ``text``: for people (``make run`` sets it)."""
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
