@@ -18,7 +18,6 @@ import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
 import msgspec
@@ -30,6 +29,7 @@ from schemas.modes import mode_spec
 from services.config import TrainerConfig
 from services.trainer import advantages as batch_advantages
 from services.trainer import terms as loss_terms
+from services.trainer.batch import Collated
 from services.trainer.logprobs import VocabShard, shifted
 from services.trainer.lora import AdaptersOff, disabled
 from services.trainer.loss import low_var_kl, sample_advantages
@@ -69,35 +69,9 @@ class StepStats(msgspec.Struct):
     applied: bool = True
     """False when the optimizer skipped the update (non-finite gradients)."""
     gpu_peak_gib: float | None = None
+    """On a GPU: the most memory torch allocated during the step (to compare with ``turnstream trainer plan``)."""
     advantages: dict[str, float] = msgspec.field(default_factory=dict)
     """Each sample's advantage (by sample id), its mean over the response's tokens, as this step used it."""
-    """On a GPU: the most memory torch allocated during the step (to compare with ``turnstream trainer plan``)."""
-
-
-@dataclass(frozen=True)
-class Collated:
-    tokens: Tensor
-    attention_mask: Tensor
-    loss_mask: Tensor
-    old_logprobs: Tensor
-    advantages: Tensor
-    rows: Tensor
-    """``[B]``: 1 for a sample, 0 for an empty row that only pads a pipeline micro-batch to its fixed shape."""
-    topk_ids: Tensor | None = None
-    """``[B, S - 1, K]`` the teacher's top-K token ids at each response position (K: the smallest in the batch)."""
-    topk_logprobs: Tensor | None = None
-    topk_mask: Tensor | None = None
-    behaviour_logprobs: Tensor | None = None
-    """``[B, S - 1]`` the rollout log-probs when ``old_logprobs`` holds recomputed ones (``trainer.old_logprobs``
-    ``recompute`` or ``decoupled``): the policy that actually sampled the response."""
-
-    def to(self, device: torch.device) -> Collated:
-        moved: dict[str, Any] = {f.name: _move(getattr(self, f.name), device) for f in fields(self)}
-        return Collated(**moved)
-
-
-def _move(t: Tensor | None, device: torch.device) -> Tensor | None:
-    return None if t is None else t.to(device, non_blocking=True)
 
 
 def collate(

@@ -24,7 +24,7 @@ from services.trainer.logprobs import VocabShard
 from services.trainer.loss import low_var_kl, ppo_clip_loss, topk_distillation_loss, truncated_importance
 
 if TYPE_CHECKING:
-    from services.trainer.step import Collated
+    from services.trainer.batch import Collated
 
 
 @dataclass
