@@ -24,6 +24,11 @@ def plan(
     teacher_url = engine_url if one_engine else f"http://127.0.0.1:{rc.teacher_engine_port}"
     # What `--lora` set on the command line reaches every service (the file, when there is one, they read too).
     shared = {"TURNSTREAM_TRAINER_LORA_ENABLED": "true"} if config.trainer.lora.enabled else {}
+    if config.trainer.output_dir and not config.proxy.weights_root:
+        # The trainer's folder, absolute (the engines load the path it announces, from their own working
+        # directory), is where the proxy's reloader loads from: anywhere else it refuses every version.
+        weights = str(Path(config.trainer.output_dir).resolve())
+        shared |= {"TURNSTREAM_TRAINER_OUTPUT_DIR": weights, "TURNSTREAM_PROXY_WEIGHTS_ROOT": weights}
     if config.proxy.api_key:  # the proxy checks it and the simulated users send it
         shared["TURNSTREAM_PROXY_API_KEY"] = config.proxy.api_key
     if config.engine.api_key:  # both engines take it; every client of theirs sends it

@@ -443,6 +443,11 @@ def _write_state(
         store.write_state(tmp, rank, *state)
 
 
+def output_root(output_dir: str) -> Path:
+    """Absolute: a version's path is announced to engines that resolve it from working directories of their own."""
+    return Path(output_dir).resolve()
+
+
 async def run_trainer(
     config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
 ) -> None:
@@ -453,7 +458,7 @@ async def run_trainer(
     if not tc.hf_checkpoint:
         raise SystemExit("turnstream trainer: set trainer.hf_checkpoint (the policy's Hugging Face folder)")
     layout = ParallelLayout.from_env(tc.tensor_parallel, tc.pipeline_parallel)
-    root = Path(tc.output_dir) if tc.output_dir else cache_dir() / "weights"
+    root = output_root(tc.output_dir) if tc.output_dir else cache_dir() / "weights"
     store = TrainerStore(root)
     if layout.rank == 0:
         serve_metrics(config.metrics.port, config.metrics.host)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from services.config import load_config
 from services.run.plan import plan
 
@@ -125,3 +129,25 @@ def test_a_gate_runs_beside_the_eval_when_enabled() -> None:
     gate = by["gate"]
     assert gate.args[-1] == "gate" and gate.stage == 2 and gate.port == 9108
     assert len({s.port for s in by.values()}) == len(by)
+
+
+def test_a_trainer_folder_of_ones_own_is_where_the_proxy_loads_versions_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative ``trainer.output_dir`` once left the proxy refusing every version (outside its default weights
+    root, dead-lettered) while the trainer announced paths no engine could resolve: nothing was ever served."""
+    from services.proxy.reloader import inside
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(env={"TURNSTREAM_TRAINER_OUTPUT_DIR": "runs/a/weights"})
+    by = {s.name: s for s in plan(config, "/m")}
+    weights = tmp_path / "runs/a/weights"
+    for name in ("proxy", "trainer"):
+        assert by[name].env["TURNSTREAM_TRAINER_OUTPUT_DIR"] == str(weights), name
+    root = by["proxy"].env["TURNSTREAM_PROXY_WEIGHTS_ROOT"]
+    assert inside(Path(root), str(weights / "versions" / "v1"))
+    # A root the user chose stays theirs.
+    config = load_config(
+        env={"TURNSTREAM_TRAINER_OUTPUT_DIR": "w", "TURNSTREAM_PROXY_WEIGHTS_ROOT": "/srv/w"}
+    )
+    assert "TURNSTREAM_PROXY_WEIGHTS_ROOT" not in plan(config, "/m")[2].env
