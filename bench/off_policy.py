@@ -3,12 +3,11 @@ seed), one after another. Prints JSON.
 
     .venv/bin/python bench/off_policy.py [--options rollout,recompute,decoupled] [--steps 12] [--users 3]
 
-Each run is ``turnstream run --simulate USERS`` (SmolLM2 on SGLang, the rules judge, combine mode, batches of 8,
-lr 5e-5: README, "A learning run") in a namespace of its own, stopped once the trainer has taken ``--steps``
-steps. Reported per option: what the simulated users saw at the starting weights and at the last versions
-(preference met, words per answer), and the trainer's figures per step (clip fraction, KL from the sampler,
-importance weights, OPD gap). A run takes about 10 minutes of both cores; run nothing else meanwhile.
-"""
+Each run is ``turnstream run --simulate USERS`` (SmolLM2 on SGLang, the rules judge, combine mode, batches of 8, lr
+5e-5: docs/simulated-users.md, "The learning run") in a namespace of its own, stopped once the trainer has taken
+``--steps`` steps. Reported per option: what the simulated users saw at the starting weights and at the last versions
+(preference met, words per answer), and the trainer's figures per step (clip fraction, KL from the sampler, importance
+weights, OPD gap). A run takes about 10 minutes of both cores; run nothing else meanwhile."""
 
 from __future__ import annotations
 

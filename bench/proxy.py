@@ -29,7 +29,7 @@ first streamed chunk within 5 ms of direct. Why 8 tokens: the engine's run-to-ru
 tokens it decodes, while the proxy's work on a non-streamed answer does not (a streamed one costs it about 0.2 ms
 of CPU per event, not measurable in the latency even at 128 tokens); at 32 tokens on this machine the relay,
 which by construction adds nothing, measured anywhere from -8 to +32 ms, more than the goal. ``--max-tokens 32``
-or 128 shows the same picture with wider noise (README).
+or 128 shows the same picture with wider noise (bench/RESULTS.md).
 """
 
 from __future__ import annotations

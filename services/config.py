@@ -87,9 +87,9 @@ class KafkaConfig(_Section):
     """How long a process keeps a key it used: a forgotten session's records stay readable by a process that
     held its key for at most this long."""
     retention_days: list[str] = msgspec.field(default_factory=list)
-    """How long each topic keeps records, overriding the defaults (README, "Topics"): entries ``<topic>=<days>``,
-    ``-1`` for forever, e.g. ``turns=365,samples=14`` (``TURNSTREAM_KAFKA_RETENTION_DAYS``). ``turnstream topics
-    create`` applies them to existing topics too. ``weights`` always keeps its latest version."""
+    """How long each topic keeps records, overriding the defaults (docs/design.md, "Events and topics"): entries
+    ``<topic>=<days>``, ``-1`` for forever, e.g. ``turns=365,samples=14`` (``TURNSTREAM_KAFKA_RETENTION_DAYS``).
+    ``turnstream topics create`` applies them to existing topics too. ``weights`` always keeps its latest version."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap.strip():

@@ -5,7 +5,7 @@ installs it; PyPI's Playwright browser download needs hosts these machines canno
 opens, a turn shows its votes, its hint and a heat map with one cell per response token in the colour of that
 token's teacher - rollout gap (computed here from the recorded events, not by the console's code), the versions
 page draws its curve, unknown ids give 404 pages, and no page raises a JavaScript error. With
-``TURNSTREAM_SCREENSHOTS=<dir>`` it also saves the screenshots the README shows.
+``TURNSTREAM_SCREENSHOTS=<dir>`` it also saves the screenshots docs/console.md shows.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ async def chromium() -> AsyncIterator[Browser]:
 
 
 def expected_rgba(gap: float) -> tuple[int, int, int, float]:
-    """The heat map's colour for a teacher - rollout gap, as the README's Console section states it: green where
+    """The heat map's colour for a teacher - rollout gap, as docs/console.md states it: green where
     the teacher prefers the token, red where it avoids it, opacity |gap| / 2 nats, saturating at 2."""
     alpha = round(min(abs(gap), 2.0) / 2.0, 2)
     return (0, 160, 0, alpha) if gap >= 0 else (200, 0, 0, alpha)

@@ -3,10 +3,10 @@ request and response types (what ``EngineClient`` speaks).
 
 Why not httpx's own transport: httpcore parses HTTP in pure Python (h11) behind anyio's stream layers, which cost
 the proxy more CPU per request than everything else it does; and its pool polls every pooled connection on every
-request, which took half the proxy's CPU at 64 concurrent requests. Replacing it cut the proxy's CPU per 1,000
-requests from 1.38 s to 0.87-1.0 s at 16 concurrent requests and from 1.23 s to 0.80 s at 64, and raised throughput
-at 64 from 0.43x to 0.71x of direct (``bench/proxy.py``, README). Idle connections are kept per origin in a LIFO
-list and only the one handed out is checked.
+request, which took half the proxy's CPU at 64 concurrent requests. Replacing it cut the proxy's CPU per 1,000 requests
+from 1.38 s to 0.87-1.0 s at 16 concurrent requests and from 1.23 s to 0.80 s at 64, and raised throughput at 64 from
+0.43x to 0.71x of direct (``bench/proxy.py``, bench/RESULTS.md). Idle connections are kept per origin in a LIFO list and
+only the one handed out is checked.
 
 What it does: keep-alive reuse; ``Content-Length``, chunked and read-until-close bodies; streamed bodies with
 backpressure (reading pauses while more than 1 MiB waits unread); connect and read timeouts from the request's
