@@ -74,4 +74,4 @@ def test_each_variable_the_reference_names_sets_its_field() -> None:
             target = getattr(target, rest.removesuffix("_" + name))
         assert value in str(getattr(target, name)), variable
         checked += 1
-    assert checked > 50
+    assert checked > 100
