@@ -4,8 +4,10 @@ twice): the worker feeds it events and sends what ``pending`` returns.
 
 - A newly announced version becomes a ``candidate`` (its trainer figures copied, since ``weights`` keeps only the
   newest announcement).
-- Only the newest candidate is judged: an older one still undecided when a newer arrives is ``superseded`` (never
-  evaluated, so neither promoted nor counted as a failure).
+- The newest candidate with its evaluations in is judged, and older ones still undecided are then ``superseded``
+  (neither promoted nor counted as a failure); newer ones wait for theirs. (Superseding older candidates as soon
+  as a newer one was announced starved the gate whenever steps came faster than an evaluation: in a measured run
+  every version after the third was superseded unjudged, while serve-then-check served each of them.)
 - A candidate is judged once the candidate and the promoted version both have a result on every required set
   (``services/gate/policy.py``): ``promoted`` when it passes; when it fails, ``rejected`` (mechanism ``adapter``:
   no user saw it) or ``rolled_back`` (``serve-then-check``: it was served while evaluated).
@@ -68,22 +70,24 @@ class GateState:
                 )
         for d in out:
             self.decided(d)
-        candidates = sorted(v for v, s in self.promotion.states.items() if s == "candidate")
-        for v in candidates[:-1]:
-            d = VersionDecision(
-                version=v,
-                state="superseded",
-                reason=f"version {candidates[-1]} was published before this one was judged",
-                by="gate",
-                decided_at=now,
-            )
-            self.decided(d)
-            out.append(d)
-        for v in [v for v, s in self.promotion.states.items() if s == "candidate"]:
+        candidates = sorted((v for v, s in self.promotion.states.items() if s == "candidate"), reverse=True)
+        for v in candidates:  # the newest that can be judged; newer ones wait for their evaluations
             judged = self.judge(v, now)
-            if judged is not None:
-                self.decided(judged)
-                out.append(judged)
+            if judged is None:
+                continue
+            self.decided(judged)
+            out.append(judged)
+            for older in sorted(c for c in candidates if c < v):
+                d = VersionDecision(
+                    version=older,
+                    state="superseded",
+                    reason=f"version {v} was judged before this one",
+                    by="gate",
+                    decided_at=now,
+                )
+                self.decided(d)
+                out.append(d)
+            break
         return out
 
     def judge(self, version: int, now: float) -> VersionDecision | None:

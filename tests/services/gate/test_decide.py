@@ -63,15 +63,37 @@ def test_a_worse_candidate_is_rejected_with_adapters_and_rolled_back_when_it_was
         assert g.promotion.serving == 0 and g.promotion.failed_streak == 1
 
 
-def test_only_the_newest_candidate_is_judged_older_ones_are_superseded() -> None:
+def test_the_newest_evaluated_candidate_is_judged_and_older_ones_are_superseded() -> None:
     g = gate()
+    g.evaluated(held(0, 4))
     g.published(weights(1))
     g.published(weights(2))
     decided = g.pending()
-    assert states(decided) == [(1, "candidate"), (2, "candidate"), (1, "superseded")]
-    assert g.promotion.failed_streak == 0  # never evaluated: not a failure
+    assert states(decided) == [(1, "candidate"), (2, "candidate")]  # nothing evaluated: both wait
+    g.evaluated(held(2, 4))
+    decided = g.pending()
+    assert states(decided) == [(2, "promoted"), (1, "superseded")]
+    assert g.promotion.failed_streak == 0  # never judged: not a failure
+    assert g.promotion.serving == 2
+
+
+def test_a_candidate_evaluated_before_a_newer_one_arrived_is_still_judged() -> None:
+    """Steps faster than an evaluation: version 1's result comes after version 2 was announced. Judging only the
+    newest announced version superseded every one of them unjudged, and the gate never decided again."""
+    g = gate(mechanism="serve-then-check")
+    g.evaluated(held(0, 4))
+    g.published(weights(1))
+    assert states(g.pending()) == [(1, "candidate")]
+    g.published(weights(2))
+    assert states(g.pending()) == [(2, "candidate")]
+    g.evaluated(held(1, 1))  # worse: rolled back, though 2 is newer
+    decided = g.pending()
+    assert states(decided) == [(1, "rolled_back")] and g.promotion.failed_streak == 1
     g.published(weights(3))
-    assert states(g.pending()) == [(3, "candidate"), (2, "superseded")]
+    g.evaluated(held(2, 4))
+    g.evaluated(held(3, 4))  # both evaluated by now: the newest is judged, 2 superseded
+    assert states(g.pending()) == [(3, "candidate"), (3, "promoted"), (2, "superseded")]
+    assert g.promotion.serving == 3 and g.promotion.failed_streak == 0
 
 
 def test_replaying_the_history_decides_nothing_twice() -> None:
