@@ -71,6 +71,18 @@ class GateState:
         for d in out:
             self.decided(d)
         candidates = sorted((v for v, s in self.promotion.states.items() if s == "candidate"), reverse=True)
+        promoted = self.promotion.promoted
+        for v in [c for c in candidates if c < promoted]:  # a newer one was promoted (by hand) first
+            d = VersionDecision(
+                version=v,
+                state="superseded",
+                reason=f"version {promoted} was promoted before this one was judged",
+                by="gate",
+                decided_at=now,
+            )
+            self.decided(d)
+            out.append(d)
+        candidates = [c for c in candidates if c > promoted]
         for v in candidates:  # the newest that can be judged; newer ones wait for their evaluations
             judged = self.judge(v, now)
             if judged is None:

@@ -96,6 +96,22 @@ def test_a_candidate_evaluated_before_a_newer_one_arrived_is_still_judged() -> N
     assert g.promotion.serving == 3 and g.promotion.failed_streak == 0
 
 
+def test_a_candidate_older_than_a_version_promoted_by_hand_is_never_promoted_after_it() -> None:
+    """Candidates wait for their evaluations, so one can still be undecided when a newer version is promoted by
+    hand (``turnstream versions promote``): judging it then would take users back to older weights."""
+    g = gate()
+    g.evaluated(held(0, 2))
+    g.published(weights(1))
+    g.published(weights(2))
+    g.pending()
+    g.decided(VersionDecision(version=2, state="promoted", reason="by hand", by="manual", decided_at=1.0))
+    g.evaluated(held(1, 4))  # better than version 0, but older than the promoted 2
+    g.evaluated(held(2, 2))
+    decided = g.pending()
+    assert states(decided) == [(1, "superseded")] and "version 2 was promoted" in decided[0].reason
+    assert g.promotion.serving == 2
+
+
 def test_replaying_the_history_decides_nothing_twice() -> None:
     g = gate()
     g.published(weights(1))
