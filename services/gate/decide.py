@@ -8,6 +8,7 @@ twice): the worker feeds it events and sends what ``pending`` returns.
   (neither promoted nor counted as a failure); newer ones wait for theirs. (Superseding older candidates as soon
   as a newer one was announced starved the gate whenever steps came faster than an evaluation: in a measured run
   every version after the third was superseded unjudged, while serve-then-check served each of them.)
+  A candidate older than the promoted version (one promoted by hand while it waited) is superseded too.
 - A candidate is judged once the candidate and the promoted version both have a result on every required set
   (``services/gate/policy.py``): ``promoted`` when it passes; when it fails, ``rejected`` (mechanism ``adapter``:
   no user saw it) or ``rolled_back`` (``serve-then-check``: it was served while evaluated).
