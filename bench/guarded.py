@@ -3,6 +3,8 @@
     .venv/bin/python bench/guarded.py --runs good,good-gated --until-version 10 \
         --image docs/images/gated-good-signal.png
     .venv/bin/python bench/guarded.py --runs unguarded,guarded --start-from good [--until-version 16]
+    .venv/bin/python bench/guarded.py --runs guarded-restore --start-from good --until-version 12 \
+        --image docs/images/guarded-restore.png
     .venv/bin/python bench/guarded.py --plot-only --out bench/guarded_runs --image docs/images/guarded-vs-unguarded.png
 
 ``unguarded`` and ``guarded`` are the README's learning run (``turnstream run --simulate 3 --until-version N``,
@@ -40,7 +42,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from schemas.topics import EVALS, VERSIONS, WEIGHTS
+import msgspec
+
+from schemas import Turn
+from schemas.topics import EVALS, TURNS, VERSIONS, WEIGHTS
 from services.bus import read_topic
 from services.config import load_config
 from services.promotion import Promotion
@@ -69,9 +74,16 @@ RUNS = {
     "guarded": {**BAD_SIGNAL, **GATED},
     "good": GOOD_SIGNAL,
     "good-gated": {**GOOD_SIGNAL, **GATED},
+    "guarded-restore": {
+        **BAD_SIGNAL,
+        **GATED,
+        "TURNSTREAM_TRAINER_LR": "1e-4",
+        "TURNSTREAM_GATE_RESTORE_AFTER": "2",
+    },
 }
 """Each run's settings: the bad signal without and with the gate, and the good one (its steps per minute with
-the gate on against off: the gate's cost to a run that learns)."""
+the gate on against off: the gate's cost to a run that learns), and ``guarded-restore``: the bad signal at twice
+the learning rate, the trainer restoring after two failed candidates, so that a restore happens within a short run."""
 PERSONA = "plain-short"
 """The persona whose score moves (SmolLM2 never learns the other one: bench/RESULTS.md)."""
 
@@ -81,6 +93,9 @@ def start_model(out: Path, source: str) -> tuple[Path, int, float]:
     a bad signal is shown falling from what a good one reached (SmolLM2 starts at 25%)."""
     from services.model_store import fetch_smollm2
 
+    if (out / source / ".complete").is_file():  # a start folder made before (``start-<run>-v<N>``)
+        version = int(source.rsplit("-v", 1)[1])
+        return out / source, version, float("nan")
     record = json.loads((out / f"{source}.json").read_text())
     best = max(record["evals"], key=lambda e: (e["scores"].get(PERSONA, 0.0), -e["version"]))
     version = best["version"]
@@ -119,7 +134,11 @@ def run(name: str, until: int, out: Path, start: Path | None = None) -> dict[str
     )
     record = asyncio.run(read_run(env))
     record.update(
-        name=name, started_at=started, wall_s=round(time.time() - started, 1), start=str(start or "")
+        name=name,
+        namespace=ns,
+        started_at=started,
+        wall_s=round(time.time() - started, 1),
+        start=str(start or ""),
     )
     (out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
@@ -142,7 +161,41 @@ async def read_run(env: dict[str, str]) -> dict[str, Any]:
         async for r in read_topic(config.kafka, WEIGHTS)
         if (w := r.event)
     ]
-    return {"evals": evals, "decisions": decisions, "published": published}
+    turns = [
+        [t.weight_version, t.completed_at]
+        async for r in read_topic(config.kafka, TURNS)
+        if isinstance(t := r.event, Turn)
+    ]
+    return {"evals": evals, "decisions": decisions, "published": published, "turns": turns}
+
+
+async def find_namespace(name: str, record: dict[str, Any]) -> str:
+    """The namespace of a run recorded before records named theirs: the run's topics whose first published
+    version was made when the record's was."""
+    from services.topics import list_topic_names
+
+    config = load_config(env={**os.environ, **RUNS[name]})
+    prefix = f"guarded-{name}-"
+    spaces = {t.split(".")[0] for t in await list_topic_names(config.kafka) if t.startswith(prefix)}
+    first = min(p["created_at"] for p in record["published"])
+    for ns in sorted(s for s in spaces if len(s) == len(prefix) + 6):
+        kafka = msgspec.structs.replace(config.kafka, namespace=ns)
+        made = [r.event.created_at async for r in read_topic(kafka, WEIGHTS)]
+        if made and abs(min(made) - first) < 1e-3:
+            return ns
+    raise LookupError(f"no namespace {prefix}* holds {name}'s versions")
+
+
+async def reread_turns(name: str, record: dict[str, Any]) -> None:
+    """Add the turns (which version answered each, when) to a record made before records held them."""
+    ns = record.get("namespace") or await find_namespace(name, record)
+    config = load_config(env={**os.environ, **RUNS[name], "TURNSTREAM_KAFKA_NAMESPACE": ns})
+    record["namespace"] = ns
+    record["turns"] = [
+        [t.weight_version, t.completed_at]
+        async for r in read_topic(config.kafka, TURNS)
+        if isinstance(t := r.event, Turn)
+    ]
 
 
 def served(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -186,11 +239,31 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
     for d in record["decisions"]:
         states[d["state"]] = states.get(d["state"], 0) + 1
     times = sorted(p["created_at"] for p in record.get("published", []))
+    start = next((e["scores"].get(PERSONA) for e in record["evals"] if e["version"] == 0), None)
+    version_scores = {e["version"]: e["scores"].get(PERSONA) for e in record["evals"]}
+    turns = record.get("turns", [])
+    margin = float(RUNS["guarded"]["TURNSTREAM_GATE_MARGIN"])
+
+    def share(pick: Any) -> float | None:
+        return (
+            round(sum(1 for v, _ in turns if pick(v)) / len(turns), 3)
+            if turns and start is not None
+            else None
+        )
+
     return {
         "wall_min": round(record["wall_s"] / 60, 1),
+        "turns": len(turns),
+        # what users met: the share of their turns answered by a version whose held-out score had fallen more than
+        # the margin below the starting version's (candidates served for their check included), and by versions
+        # never evaluated (passed over for a newer one, or the run stopped first)
+        "turns_by_worse_than_margin": share(
+            lambda v: v in version_scores and (version_scores[v] or 0) < (start or 0) - margin
+        ),
+        "turns_by_unevaluated": share(lambda v: v not in version_scores),
         "steps_per_min": round(60 * (len(times) - 1) / (times[-1] - times[0]), 3) if len(times) > 1 else None,
         "versions_evaluated": len(record["evals"]),
-        f"{PERSONA}_v0": next((e["scores"].get(PERSONA) for e in record["evals"] if e["version"] == 0), None),
+        f"{PERSONA}_v0": start,
         f"{PERSONA}_served_last": scores[-1] if scores else None,
         f"{PERSONA}_served_min": min(scores, default=None),
         f"{PERSONA}_served_min_outside_checks": min(promoted, default=None),
@@ -205,7 +278,8 @@ def plot(records: dict[str, dict[str, Any]], image: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    colours = {"unguarded": "tab:red", "guarded": "tab:blue", "good": "tab:green", "good-gated": "tab:olive"}
+    colours = {"unguarded": "tab:red", "guarded": "tab:blue", "good": "tab:green", "good-gated": "tab:olive",
+               "guarded-restore": "tab:purple"}  # fmt: skip
     for name, record in records.items():
         timeline = served(record)
         if not timeline:
@@ -225,7 +299,7 @@ def plot(records: dict[str, dict[str, Any]], image: Path) -> None:
     ax.set_ylabel(f"held-out {PERSONA} met (%)")
     ax.set_ylim(-5, 105)
     ax.legend(loc="lower left", fontsize=8)
-    bad = any(name in ("unguarded", "guarded") for name in records)
+    bad = any(name.startswith(("unguarded", "guarded")) for name in records)
     ax.set_title(
         ("Inverted rewards (rl mode)" if bad else "The README's learning run")
         + ", SmolLM2 on the CPU: what users were served (dotted: trainer restores)",
@@ -245,9 +319,15 @@ def main() -> None:
     ap.add_argument(
         "--start-from",
         default="",
-        help="a finished run (e.g. good): start from its best version's weights instead of SmolLM2's",
+        help="a finished run (e.g. good): start from its best version's weights instead of SmolLM2's; or a "
+        "start folder made before (e.g. start-good-v7)",
     )
     ap.add_argument("--plot-only", action="store_true", help="read <out>/<run>.json instead of running")
+    ap.add_argument(
+        "--reread-turns",
+        action="store_true",
+        help="with --plot-only: add each record's turns from its topics (local Kafka keeps them) and save it",
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -264,6 +344,10 @@ def main() -> None:
             if args.plot_only
             else run(name, args.until_version, out, start)
         )
+    if args.reread_turns:
+        for name, record in records.items():
+            asyncio.run(reread_turns(name, record))
+            (out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     plot(records, Path(args.image))
     print(json.dumps({name: summary(r) for name, r in records.items()}, indent=2))
 
