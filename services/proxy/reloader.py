@@ -16,8 +16,9 @@ a reloader that failed or died.
 Under a gate (``gate.enabled``, docs/evaluation.md) the reloader also follows ``versions`` and serves what its
 decisions say (``gated_target``): the promoted or pinned version, older ones included (a rollback loads the
 version promoted before from the path its candidate decision recorded, or the engine's own starting weights); the
-newest version awaiting its verdict is served at once under ``serve-then-check`` or, under ``adapter``, loaded
-beside the served adapter for its evaluation and never routed to.
+version the gate made a candidate is served while it awaits its verdict under ``serve-then-check`` (one at a time,
+paced by the gate) or, under ``adapter``, the newest version is loaded beside the served adapter for its
+evaluation and never routed to.
 
 No version is loaded twice: before pausing and again once paused the reloader reads ``/model_info`` and skips a
 version the engine already serves. After an engine restart (a probe sees the starting weights again; see
@@ -95,17 +96,20 @@ class Target(NamedTuple):
 
 
 def gated_target(promotion: Promotion, newest: int | None, mechanism: str) -> Target:
-    """What the engine should hold under a gate: the promoted (or pinned) version for users; the newest version,
-    while it awaits its verdict, served at once under ``serve-then-check`` (full weights: evaluated while served,
-    rolled back when it fails) or loaded beside under ``adapter``."""
+    """What the engine should hold under a gate: the promoted (or pinned) version for users; under
+    ``serve-then-check`` (full weights: evaluated while served, rolled back when it fails) the version the gate
+    made a candidate, served while it awaits its verdict (the gate paces them: docs/evaluation.md); under
+    ``adapter`` the newest version, while it awaits its verdict, loaded beside."""
+    if mechanism == "serve-then-check":
+        promoted = promotion.promoted
+        trying = [v for v, s in promotion.states.items() if s == "candidate" and v > promoted]
+        return Target(max(trying) if trying and promotion.pinned is None else promotion.serving, None)
     if (
         newest is None
         or newest <= promotion.promoted
         or promotion.state(newest) not in ("unknown", "candidate")
     ):
         return Target(promotion.serving, None)
-    if mechanism == "serve-then-check":
-        return Target(newest if promotion.pinned is None else promotion.serving, None)
     return Target(promotion.serving, newest)
 
 

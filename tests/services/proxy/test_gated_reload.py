@@ -1,6 +1,7 @@
 """Under a gate the reloader serves what ``versions`` decides: which version that is (``gated_target``), and on the
-real SGLang server a full-weights candidate served at once (serve-then-check), rolled back to the starting weights
-when the gate says so, and promoted again by hand from the path its candidate decision recorded."""
+real SGLang server a full-weights candidate served once the gate tries it (serve-then-check), rolled back to the
+starting weights when the gate says so, and promoted again by hand from the path its candidate decision
+recorded."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def decided(version: int, state: str, by: str = "gate", path: str = "") -> Versi
     [
         ([], None, "adapter", Target(0, None)),
         ([], 1, "adapter", Target(0, 1)),  # not yet a candidate: loaded beside already
-        ([], 1, "serve-then-check", Target(1, None)),  # served while checked
+        ([], 1, "serve-then-check", Target(0, None)),  # not tried yet: the gate says when
+        ([(1, "candidate")], 1, "serve-then-check", Target(1, None)),  # served while checked
+        ([(1, "candidate")], 2, "serve-then-check", Target(1, None)),  # a newer one waits its turn
         ([(1, "candidate")], 1, "adapter", Target(0, 1)),
         ([(1, "promoted")], 1, "adapter", Target(1, None)),
         ([(1, "rejected")], 1, "adapter", Target(0, None)),
@@ -78,9 +81,12 @@ async def test_serve_then_check_serves_a_candidate_and_rolls_it_back(
             )
             assert before.status_code == 200
             await publish(kafka, 1, str(perturbed_weights))
-            await reaches("1")  # served at once: the candidate is checked while served
+            await asyncio.sleep(3)
+            assert await engine_version(http, own_engine.url) == "0"  # published, not yet tried by the gate
             async with EventProducer(kafka) as producer:
                 await producer.send(VERSIONS, decided(1, "candidate", path=str(perturbed_weights)), "policy")
+            await reaches("1")  # served once a candidate: it is checked while served
+            async with EventProducer(kafka) as producer:
                 await producer.send(VERSIONS, decided(1, "rolled_back"), "policy")
             await reaches("0")  # the engine's own starting weights again
             after = await http.post(
