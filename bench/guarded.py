@@ -277,28 +277,31 @@ def plot(records: dict[str, dict[str, Any]], image: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
     colours = {"unguarded": "tab:red", "guarded": "tab:blue", "good": "tab:green", "good-gated": "tab:olive",
-               "guarded-restore": "tab:purple"}  # fmt: skip
+               "guarded-restore": "tab:purple",
+               "guarded-restore-unpaced": "tab:orange"}  # fmt: skip
     for name, record in records.items():
         timeline = served(record)
         if not timeline:
             continue
         t0 = timeline[0]["at"]
         steady = [t for t in timeline if t["how"] != "candidate" and t["score"] is not None]
+        worse = summary(record)["turns_by_worse_than_margin"]
+        share = "" if worse is None else f" ({100 * worse:.0f}% of turns by a version worse than the margin)"
         ax.step([(t["at"] - t0) / 60 for t in steady], [100 * t["score"] for t in steady], where="post",
-                color=colours.get(name), label=f"{name}: served version")  # fmt: skip
+                color=colours.get(name), label=f"{name}: served version{share}")  # fmt: skip
         tried = [t for t in timeline if t["how"] == "candidate"]
         if tried:
             ax.scatter([(t["at"] - t0) / 60 for t in tried], [100 * t["score"] for t in tried], marker="x",
                        color=colours.get(name), label=f"{name}: candidates (served during their check)")  # fmt: skip
         restores = [t for t in timeline if t["how"] == "restored"]
         for t in restores:
-            ax.axvline((t["at"] - t0) / 60, color="grey", linestyle=":", linewidth=1)
+            ax.axvline((t["at"] - t0) / 60, color=colours.get(name), linestyle=":", linewidth=1)
     ax.set_xlabel("minutes since the first evaluation")
     ax.set_ylabel(f"held-out {PERSONA} met (%)")
     ax.set_ylim(-5, 105)
-    ax.legend(loc="lower left", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8)
     bad = any(name.startswith(("unguarded", "guarded")) for name in records)
     ax.set_title(
         ("Inverted rewards (rl mode)" if bad else "The README's learning run")
