@@ -141,7 +141,23 @@ def run(name: str, until: int, out: Path, start: Path | None = None) -> dict[str
         start=str(start or ""),
     )
     (out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    prune(folder / "weights", record)
     return record
+
+
+def prune(weights: Path, record: dict[str, Any]) -> None:
+    """Keep only the best version's weights (what ``--start-from`` copies): a run keeps every version and its
+    checkpoints (about 7 GB to v12 with SmolLM2), which filled this machine's disk after five runs."""
+    scored = [e for e in record["evals"] if e["version"]]
+    best = max(scored, key=lambda e: (e["scores"].get(PERSONA, 0.0), -e["version"]), default=None)
+    keep = weights / "versions" / f"v{best['version']}" if best else None
+    for path in weights.glob("*"):
+        if path.is_dir() and path.name == "versions" and keep is not None:
+            for version in path.iterdir():
+                if version != keep:
+                    shutil.rmtree(version, ignore_errors=True)
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 async def read_run(env: dict[str, str]) -> dict[str, Any]:

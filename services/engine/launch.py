@@ -114,10 +114,12 @@ def sglang_command(opts: EngineOptions, python: str | None = None) -> tuple[list
         argv += ["--tool-call-parser", opts.tool_call_parser]
     if opts.reasoning_parser:
         argv += ["--reasoning-parser", opts.reasoning_parser]
+    # One argument each: a key that starts with "-" (token_urlsafe makes one in 32) is otherwise read by SGLang's
+    # argparse as an option, and the engine refuses to start ("expected one argument").
     if opts.api_key:
-        argv += ["--api-key", opts.api_key]
+        argv += [f"--api-key={opts.api_key}"]
     if opts.admin_api_key:
-        argv += ["--admin-api-key", opts.admin_api_key]
+        argv += [f"--admin-api-key={opts.admin_api_key}"]
     if opts.lora_rank:  # strict: an adapter whose names or shapes do not match is refused, not half applied
         argv += ["--enable-lora", "--max-lora-rank", str(opts.lora_rank), "--lora-strict-loading"]
         argv += ["--lora-target-modules", *opts.lora_targets]

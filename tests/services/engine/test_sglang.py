@@ -51,11 +51,31 @@ def test_the_engine_takes_both_keys_and_refuses_to_listen_beyond_loopback_withou
     out = subprocess.run([*cmd, "--host", "0.0.0.0"], env={**env, **keys}, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     argv = out.stdout.split()
-    assert (
-        argv[argv.index("--api-key") + 1] == "a" * 20 and argv[argv.index("--admin-api-key") + 1] == "b" * 20
-    )
+    assert f"--api-key={'a' * 20}" in argv and f"--admin-api-key={'b' * 20}" in argv
     local = subprocess.run([*cmd, "--host", "127.0.0.1"], env=env, capture_output=True, text=True)
     assert local.returncode == 0 and "--api-key" not in local.stdout, local.stderr
+
+
+def test_keys_that_start_with_a_dash_reach_sglangs_own_parser_whole() -> None:
+    """token_urlsafe starts one key in 32 with "-": passed as two arguments, SGLang's argparse read it as an option
+    and the engine refused to start (seen in the compose rehearsal: ``--admin-api-key: expected one argument``)."""
+    api, admin = "-k" + "a" * 20, "--" + "b" * 20
+    argv, env = sglang_command(
+        EngineOptions(model="/models/m", device="cpu", api_key=api, admin_api_key=admin)
+    )
+    parse = (
+        "import argparse, sys; from sglang.srt.server_args import ServerArgs; p = argparse.ArgumentParser();"
+        " ServerArgs.add_cli_args(p); a = p.parse_args(sys.argv[1:]); print(a.api_key, a.admin_api_key)"
+    )
+    out = subprocess.run(
+        [argv[0], "-c", parse, *argv[3:]],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [api, admin]
 
 
 def test_the_kernel_standin_imports_anything_and_refuses_every_call() -> None:
