@@ -13,7 +13,8 @@
 #      flags in POLICY_SGLANG_ARGS/TEACHER_SGLANG_ARGS: up; the OpenAI SDK through the published proxy port (multi-
 #      turn sessions, streamed and not, OpenClaw-RL's session headers); turns recorded, paired, judged, taught,
 #      sampled, trained; the policy server loads the version from the shared volume (one-gpu: as a LoRA adapter
-#      beside the base) and a new turn carries it;
+#      beside the base) once the gate promoted it (GATE_ENABLED, on unless REHEARSE_GATE=false) and a new turn
+#      carries it;
 #      the console and Prometheus answer and every Prometheus target is up; `down` and `up` again: the volumes
 #      keep the state, the trainer resumes, versions go on and no sample is trained twice; `down -v`.
 #
@@ -79,6 +80,11 @@ export ROLLOUT_BATCH_SIZE=2 TRAINER_CHECKPOINT_EVERY_STEPS=1 TURNSTREAM_LOG_LEVE
 # And SmolLM2 cannot follow the judge's prompt (its votes parse as no verdict and no hint, so nothing would train):
 # the rehearsal's judge is the rules backend, on the real judge service and topics (JUDGE_BACKEND, as a user sets it).
 export PRM_MAX_NEW_TOKENS=512 JUDGE_BACKEND="${REHEARSE_JUDGE_BACKEND:-rules}"
+# The gate is on (REHEARSE_GATE=false: off, every version served as published): each version is a candidate, held
+# out evaluated (two engines: served, then checked; one GPU: as an adapter beside the promoted one) and decided. With
+# a margin of 1 every evaluated candidate passes, so the rehearsal can require the promotion to reach users; what a
+# failing candidate does is the gate's tests' and bench/guarded.py's business (docs/evaluation.md).
+export GATE_ENABLED="${REHEARSE_GATE:-true}" GATE_MARGIN="${REHEARSE_GATE_MARGIN:-1}"
 proxy="http://127.0.0.1:$PROXY_PORT"
 
 compose() { docker compose "${files[@]}" "$@"; }
@@ -130,6 +136,7 @@ for layout in $LAYOUTS; do
 
     checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 3 --tag a
     checks in_network /rehearse/pipeline_check.py flow 1 --within 900
+    checks in_network /rehearse/pipeline_check.py gate 1 --within 600
     checks .venv/bin/python scripts/rehearse/client.py served "$proxy/v1" 1 --within 300
     checks in_network /rehearse/pipeline_check.py engine
     checks verdict "the console answers" curl -fsS "http://127.0.0.1:$CONSOLE_PORT/healthz"
@@ -160,6 +167,7 @@ for layout in $LAYOUTS; do
     version="$(.venv/bin/python -c 'import json,sys; print(json.loads(sys.argv[1])["weights"] + 1)' "$after")"
     checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 3 --tag b
     checks in_network /rehearse/pipeline_check.py flow "$version" --within 900
+    checks in_network /rehearse/pipeline_check.py gate "$version" --within 600
     checks in_network /rehearse/pipeline_check.py lineage
     [[ $failures -eq 0 ]] || compose logs --tail 40 trainer proxy
     log "[$layout] $(( $(date +%s) - layout_started )) s"

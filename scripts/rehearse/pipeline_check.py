@@ -4,6 +4,8 @@ advertises ``kafka:9092``, which only that network resolves).
     python pipeline_check.py flow VERSION [--within S]   # turns recorded, paired, judged, taught, sampled, and
                                                           # weight versions up to VERSION published
     python pipeline_check.py lineage                      # every published version trained distinct samples
+    python pipeline_check.py gate VERSION [--within S]   # with GATE_ENABLED: the gate decided VERSION (or a newer
+                                                          # one) from its evaluation, and what users are served
     python pipeline_check.py counts                       # the topics' record counts as JSON (for down/up)
     python pipeline_check.py engine                       # the policy server holds the newest published version
                                                           # (or one published since)
@@ -21,10 +23,23 @@ import sys
 import time
 from typing import Any
 
-from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED, WEIGHTS, TopicSpec
+from schemas.topics import (
+    DEADLETTER,
+    EVALS,
+    JUDGMENTS,
+    SAMPLES,
+    TEACHER,
+    TURNS,
+    TURNS_PAIRED,
+    VERSIONS,
+    WEIGHTS,
+    TopicSpec,
+)
 from services.bus import read_topic
 from services.config import load_config
 from services.engine_client import adapter_name
+from services.promotion import fold
+from services.proxy.reloader import gated_target
 
 FLOW = (("turns recorded", TURNS), ("turns paired", TURNS_PAIRED), ("turns judged", JUDGMENTS))
 failed = False
@@ -81,6 +96,41 @@ async def lineage() -> None:
     )
 
 
+async def gate(version: int, within_s: float) -> None:
+    """The gate's verdict on ``version`` (or a newer candidate), from a held-out evaluation of that version, and
+    the version users are served by the fold of every decision (the proxy's reloader reads the same fold)."""
+    config = load_config()
+    if not config.gate.enabled:
+        check(True, "the gate stands by (GATE_ENABLED is not true): every version is served")
+        return
+    verdicts = ("promoted", "rejected", "rolled_back")
+    deadline = time.monotonic() + within_s
+    while True:
+        decisions = await events(VERSIONS)
+        decided = [d for d in decisions if d.by == "gate" and d.state in verdicts and d.version >= version]
+        if decided or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(5)
+    if not decided:
+        states = [(d.version, d.state) for d in decisions]
+        check(False, f"the gate decided version {version} or a newer one", f"none within the time: {states}")
+        return
+    first = decided[0]
+    evaluated = {e.version for e in await events(EVALS)}
+    check(
+        first.version in evaluated,
+        f"the gate decided version {first.version} ({config.gate.mechanism}): {first.state}, {first.reason}",
+        "no held-out evaluation of that version is on the evals topic",
+    )
+    promotion = fold(decisions)
+    want_promoted = config.gate.margin >= 1.0  # no score can fall further: every evaluated candidate passes
+    check(
+        promotion.promoted >= version or not want_promoted,
+        f"users are served version {promotion.serving} (promoted {promotion.promoted}, margin {config.gate.margin})",
+        f"with margin {config.gate.margin} version {version} should have been promoted",
+    )
+
+
 async def engine() -> None:
     """What the reloader made of the newest version, asked of the policy server itself."""
     import httpx
@@ -104,19 +154,30 @@ async def engine() -> None:
     async with httpx.AsyncClient(timeout=30, headers=auth) as http:
         deadline = time.monotonic() + 300
         while True:
-            # the trainer goes on publishing: the newest asked for, or one published since, counts
+            # the trainer goes on publishing: the newest asked for, or one published since, counts; under a gate
+            # also the version its decisions say is served now (the gate tries one candidate at a time)
+            gated = (
+                gated_target(fold(await events(VERSIONS)), newest.version, config.gate.mechanism).serve
+                if config.gate.enabled
+                else newest.version
+            )
             if config.lora_adapters:
                 served = [m["id"] for m in (await http.get(url + "/v1/models")).json()["data"]]
                 later = range(newest.version, newest.version + 1000)
-                ok = any(adapter_name(v) in served for v in later)
+                ok = any(adapter_name(v) in served for v in later) or (
+                    gated > 0 and adapter_name(gated) in served
+                )
             else:
                 served = (await http.get(url + "/model_info")).json().get("weight_version")
-                ok = served is not None and int(served) >= newest.version
+                ok = served is not None and (
+                    int(served) >= newest.version or (gated > 0 and int(served) == gated)
+                )
             if ok or time.monotonic() > deadline:
                 break
             await asyncio.sleep(3)
     what = "as a LoRA adapter beside the base" if config.lora_adapters else "from the shared volume"
-    check(ok, f"the policy server holds version {newest.version} or newer {what} ({served})", "")
+    gate = f" (or version {gated}, which the gate has it serve)" if config.gate.enabled else ""
+    check(ok, f"the policy server holds version {newest.version} or newer{gate} {what} ({served})", "")
     # Its admin routes take the admin key alone, which only the proxy's reloader sends (issue 32, item 3).
     async with httpx.AsyncClient(timeout=30) as http:
         update = {"model_path": "/models", "weight_version": "999"}
@@ -132,6 +193,9 @@ if __name__ == "__main__":
     if args[:1] == ["flow"]:
         within = float(args[args.index("--within") + 1]) if "--within" in args else 900.0
         asyncio.run(flow(int(args[1]), within))
+    elif args[:1] == ["gate"]:
+        within = float(args[args.index("--within") + 1]) if "--within" in args else 900.0
+        asyncio.run(gate(int(args[1]), within))
     elif args[:1] == ["lineage"]:
         asyncio.run(lineage())
     elif args[:1] == ["engine"]:
