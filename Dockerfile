@@ -31,6 +31,7 @@ RUN uv pip sync --system --no-cache requirements-runtime.lock
 
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
+COPY runtime ./runtime
 COPY services ./services
 COPY examples ./examples
 

@@ -3,7 +3,7 @@
 Builds a projection from real events (``schemas``) through the console's own ``projection.apply``: sessions of
 3 turns, each turn paired, judged (eval and hint votes), half of them taught by the teacher (a 40-token heat map),
 a sample per turn, a weight version every 16 samples with its held-out evaluation, two personas as the requests'
-``user``. Then serves the real app (uvicorn, ``services/transport/http_server.py``) and times each page over HTTP,
+``user``. Then serves the real app (uvicorn, ``runtime/transport/http_server.py``) and times each page over HTTP,
 as a browser would fetch it, at the large size and at a small one (1,000 turns) in the same run: the ratio says
 how the pages scale. The sessions page is also timed with the query it had before the ``sessions`` table (a
 ``GROUP BY`` over turns and one outcome query per session), the baseline of that change. Prints JSON.

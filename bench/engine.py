@@ -40,8 +40,8 @@ import httpx
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from runtime.engine.model_store import fetch_smollm2
 from services.engine.launch import SGLANG_VERSION, EngineProcess
-from services.model_store import fetch_smollm2
 
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
 

@@ -1,4 +1,4 @@
-"""What sealing a record costs (``services/erasure``): AES-256-GCM seal and unseal of encoded turns of several
+"""What sealing a record costs (``runtime/security/erasure``): AES-256-GCM seal and unseal of encoded turns of several
 sizes, beside msgpack-encoding the same turn, in one process run. Prints JSON (microseconds per record, medians of
 ``--rounds``; ``seal_vs_encode`` is the ratio to compare, this machine being noisy).
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from runtime.security.erasure.envelope import new_key, seal, unseal
 from schemas import Message, Turn, encode
-from services.erasure.envelope import new_key, seal, unseal
 
 
 def turn_of(chars: int) -> Turn:

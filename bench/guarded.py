@@ -44,11 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 
+from runtime.configuration.config import load_config
+from runtime.messaging.bus import read_topic
+from runtime.pipeline.promotion import Promotion
 from schemas import Turn
 from schemas.topics import EVALS, TURNS, VERSIONS, WEIGHTS
-from services.bus import read_topic
-from services.config import load_config
-from services.promotion import Promotion
 
 REPO = Path(__file__).resolve().parent.parent
 BAD_SIGNAL = {
@@ -91,7 +91,7 @@ PERSONA = "plain-short"
 def start_model(out: Path, source: str) -> tuple[Path, int, float]:
     """A model folder holding the weights of run ``source``'s earliest version with its best held-out score:
     a bad signal is shown falling from what a good one reached (SmolLM2 starts at 25%)."""
-    from services.model_store import fetch_smollm2
+    from runtime.engine.model_store import fetch_smollm2
 
     if (out / source / ".complete").is_file():  # a start folder made before (``start-<run>-v<N>``)
         version = int(source.rsplit("-v", 1)[1])
@@ -188,7 +188,7 @@ async def read_run(env: dict[str, str]) -> dict[str, Any]:
 async def find_namespace(name: str, record: dict[str, Any]) -> str:
     """The namespace of a run recorded before records named theirs: the run's topics whose first published
     version was made when the record's was."""
-    from services.topics import list_topic_names
+    from runtime.messaging.topics import list_topic_names
 
     config = load_config(env={**os.environ, **RUNS[name]})
     prefix = f"guarded-{name}-"

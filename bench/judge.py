@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from infra import Started, start_kafka, start_redis, stop_started
 from tqdm import tqdm
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.messaging.topics import create_topics
+from runtime.process.launch import ServiceProcess, free_port
 from schemas import Judgment, Message, PairedTurn, Turn
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
-from services.bus import EventProducer, read_topic
-from services.config import KafkaConfig
-from services.launch import ServiceProcess, free_port
-from services.topics import create_topics
 
 REPO = Path(__file__).resolve().parent.parent
 

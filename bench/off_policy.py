@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from services.model_store import cache_dir  # noqa: E402
+from runtime.engine.model_store import cache_dir  # noqa: E402
 
 
 def status(run_dir: Path) -> dict[str, Any]:

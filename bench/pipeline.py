@@ -31,11 +31,17 @@ from infra import Started, start_kafka, start_redis, stop_started
 from pipeline_rig import GROUPS, JUDGE_ID, Pipeline, Stages, account, drive, read_all, request_of
 from tqdm import tqdm
 
+from runtime.configuration.config import (
+    DispatcherConfig,
+    JudgeConfig,
+    KafkaConfig,
+    PairerConfig,
+    TeacherConfig,
+)
+from runtime.engine.model_store import fetch_smollm2
+from runtime.messaging.bus import read_topic
+from runtime.messaging.topics import create_topics, group_lag
 from schemas.topics import SAMPLES
-from services.bus import read_topic
-from services.config import DispatcherConfig, JudgeConfig, KafkaConfig, PairerConfig, TeacherConfig
-from services.model_store import fetch_smollm2
-from services.topics import create_topics, group_lag
 
 STAGE = {
     PairerConfig().group_id: "pairer",

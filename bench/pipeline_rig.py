@@ -29,11 +29,17 @@ from typing import Any
 
 import httpx
 
+from runtime.configuration.config import (
+    DispatcherConfig,
+    JudgeConfig,
+    KafkaConfig,
+    PairerConfig,
+    TeacherConfig,
+)
+from runtime.messaging.bus import read_topic
+from runtime.process.launch import ServiceProcess, free_port
 from schemas import DeadLetter, Judgment, PairedTurn, Sample, TeacherScores, Turn, WeightsPublished
 from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED, WEIGHTS
-from services.bus import read_topic
-from services.config import DispatcherConfig, JudgeConfig, KafkaConfig, PairerConfig, TeacherConfig
-from services.launch import ServiceProcess, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 JUDGE_ID = "rig"
@@ -43,7 +49,7 @@ GROUPS = {
     TeacherConfig().group_id: (JUDGMENTS,),
     DispatcherConfig().group_id: (JUDGMENTS, TEACHER),
 }
-"""Each consumer group of the pipeline and the topics it reads (for ``services.topics.group_lag``)."""
+"""Each consumer group of the pipeline and the topics it reads (for ``runtime.messaging.topics.group_lag``)."""
 
 
 @dataclass

@@ -54,12 +54,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 from infra import Started, start_kafka, start_redis, stop_started
 
-from services.bus import read_topic
-from services.config import KafkaConfig
+from runtime.configuration.config import KafkaConfig
+from runtime.engine.client import EXACT_NON_STREAMED, EXACT_STREAMED
+from runtime.messaging.bus import read_topic
+from runtime.messaging.topics import create_topics
 from services.engine.launch import SGLANG_VERSION, EngineProcess, free_port
-from services.engine_client import EXACT_NON_STREAMED, EXACT_STREAMED
 from services.proxy.sampling import OPENAI_SAMPLING
-from services.topics import create_topics
 
 REPO = Path(__file__).resolve().parent.parent
 BODY = {"model": "stub", "messages": [{"role": "user", "content": "Tell me something."}], "max_tokens": 60}
@@ -489,7 +489,7 @@ def run_sglang(args: argparse.Namespace) -> None:
         if args.engine_url:
             engine_url = args.engine_url.rstrip("/")
         else:
-            from services.model_store import fetch_smollm2
+            from runtime.engine.model_store import fetch_smollm2
 
             log = tempfile.NamedTemporaryFile(
                 "w", prefix="turnstream-bench-sglang-", suffix=".log", delete=False

@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from infra import Started, start_kafka, start_redis, stop_started
 from proxy import BODY, cpu_split, load, wait_http
 
-from services.config import KafkaConfig
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.topics import create_topics
 from services.engine.launch import free_port
-from services.topics import create_topics
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
+from runtime.engine.client import EngineClient
+from runtime.engine.model_store import fetch_smollm2
 from services.engine.launch import EngineProcess
-from services.engine_client import EngineClient
-from services.model_store import fetch_smollm2
 
 SHORT = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
 

@@ -20,10 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from runtime.engine.chat_template import render_prompt_ids
+from runtime.engine.model_store import fetch_smollm2
+from runtime.pipeline.personas import PERSONAS, SIGN_OFF, heldout_questions
 from schemas import Message
-from services.chat_template import render_prompt_ids
-from services.model_store import fetch_smollm2
-from services.personas import PERSONAS, SIGN_OFF, heldout_questions
 from services.teacher.enhance import as_request_messages, enhanced_messages
 
 SIGN_OFF_PERSONA = next(p for p in PERSONAS if p.name == "sign-off")

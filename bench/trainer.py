@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx
 import torch
 
+from runtime.configuration.config import TrainerConfig
+from runtime.engine.model_store import fetch_smollm2
 from schemas import Sample
-from services.config import TrainerConfig
 from services.engine.launch import EngineProcess
-from services.model_store import fetch_smollm2
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.loss import batch_mean, ppo_clip_loss
 from services.trainer.policy import Policy
@@ -112,7 +112,7 @@ def lora_side_by_side(
 ) -> dict[str, dict]:
     import gc
 
-    from services.config import LoraConfig
+    from runtime.configuration.config import LoraConfig
     from services.trainer.optimizer_state import optimizer_state
 
     out: dict[str, dict] = {}

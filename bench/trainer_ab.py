@@ -28,7 +28,10 @@ import torch
 torch.set_num_threads(1)
 from transformers import LlamaConfig, LlamaForCausalLM
 from schemas import Sample
-from services.config import TrainerConfig
+try:
+    from runtime.configuration.config import TrainerConfig
+except ImportError:  # a base from before the runtime left services/
+    from services.config import TrainerConfig
 from services.trainer.policy import Policy
 
 torch.manual_seed(0)

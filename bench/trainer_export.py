@@ -174,7 +174,7 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=None)
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from services.model_store import fetch_smollm2
+    from runtime.engine.model_store import fetch_smollm2
 
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:

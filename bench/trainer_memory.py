@@ -31,8 +31,8 @@ warnings.filterwarnings("ignore")
 import torch
 torch.set_num_threads(1)
 from schemas import Sample
-from services.config import TrainerConfig
-from services.model_store import fetch_smollm2
+from runtime.configuration.config import TrainerConfig
+from runtime.engine.model_store import fetch_smollm2
 from services.trainer.parallel import ParallelLayout
 from services.trainer.policy import Policy
 

@@ -1,12 +1,13 @@
-"""docs/configuration.md's reference, generated from the config classes (services/config.py), so it cannot drift.
+"""docs/configuration.md's reference, generated from the config classes (runtime/configuration/config.py), so
+it cannot drift.
 
     .venv/bin/python scripts/config_reference.py            # rewrite docs/configuration.md
     .venv/bin/python scripts/config_reference.py --check    # exit 1 when it differs (tests/scripts)
 
 The page's text above the marker is written by hand and kept. Below it, every field of every section: its type, its
 default (and the modes that change it), its environment variable and the docstring written under it in
-services/config.py. The docstrings are read from the source (Python keeps no attribute docstrings at run time); the
-defaults from the classes themselves."""
+runtime/configuration/config.py. The docstrings are read from the source (Python keeps no attribute docstrings at
+run time); the defaults from the classes themselves."""
 
 from __future__ import annotations
 
@@ -23,14 +24,15 @@ import msgspec
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from runtime.configuration.config import ENV_PREFIX, OPENCLAW_ALIASES, SECTIONS  # noqa: E402
 from schemas.modes import MODES  # noqa: E402
-from services.config import ENV_PREFIX, OPENCLAW_ALIASES, SECTIONS  # noqa: E402
 
-SOURCE = REPO / "services" / "config.py"
+SOURCE = REPO / "runtime" / "configuration" / "config.py"
 TARGET = REPO / "docs" / "configuration.md"
 MARKER = (
-    "<!-- Generated below by scripts/config_reference.py from services/config.py (tests/scripts checks it): edit"
-    " the docstrings there, then run .venv/bin/python scripts/config_reference.py. Above: written by hand. -->"
+    "<!-- Generated below by scripts/config_reference.py from runtime/configuration/config.py (tests/scripts checks"
+    " it): edit the docstrings there, then run .venv/bin/python scripts/config_reference.py."
+    " Above: written by hand. -->"
 )
 
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import msgspec
 
+from runtime.configuration.config import Config, ConfigError, load_config
+from runtime.observability.logs import setup_logging
 from schemas.modes import MODES
-from services.config import Config, ConfigError, load_config
-from services.logs import setup_logging
 
 MODE_HELP = f"{', '.join(MODES)} or a mode registered by plugins.modules (default: dispatcher.mode)"
 
@@ -243,10 +243,10 @@ def _parser() -> argparse.ArgumentParser:
 def _forget(config: Config, args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from runtime.engine.model_store import cache_dir
     from schemas import normalize_namespace
     from services.console.projection import forget_sessions, session_rows
     from services.forget.main import forget, projection_paths, sqlite_rows
-    from services.model_store import cache_dir
 
     paths = [Path(p) for p in args.projection] if args.projection else projection_paths(config, cache_dir())
     try:
@@ -366,7 +366,7 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 
 def _topics(config: Config, args: argparse.Namespace) -> int:
-    from services.topics import create_topics, describe_topics
+    from runtime.messaging.topics import create_topics, describe_topics
 
     kafka = config.kafka
     if args.namespace is not None or args.bootstrap:
@@ -395,8 +395,8 @@ def _topics(config: Config, args: argparse.Namespace) -> int:
 def _engine(args: argparse.Namespace) -> int:
     import shlex
 
+    from runtime.engine.model_store import fetch_smollm2
     from services.engine.launch import EngineOptions, exec_sglang, refuse_without_keys, sglang_command
-    from services.model_store import fetch_smollm2
 
     config = load_config(args.config)
     lora = config.trainer.lora
@@ -433,15 +433,15 @@ def _engine(args: argparse.Namespace) -> int:
 
 
 def _proxy(config: Config, args: argparse.Namespace) -> int:
+    from runtime.transport.http_server import serve
     from services.proxy.app import create_app
-    from services.transport.http_server import serve
 
     proxy = msgspec.structs.replace(
         config.proxy, host=args.host or config.proxy.host, port=args.port or config.proxy.port
     )
     engine = msgspec.structs.replace(config.engine, url=args.engine_url or config.engine.url)
     config = msgspec.structs.replace(config, proxy=proxy, engine=engine)
-    from services.metrics import serve_metrics
+    from runtime.observability.metrics import serve_metrics
     from services.proxy.keys import KeyFileError, ProxyKeys, refuse_without_keys
 
     try:
@@ -475,8 +475,8 @@ def _simulate(config: Config, args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from services.model_store import cache_dir
-    from services.personas import by_name
+    from runtime.engine.model_store import cache_dir
+    from runtime.pipeline.personas import by_name
     from services.simulate.driver import run_simulate
 
     try:
@@ -535,8 +535,8 @@ def _versions(config: Config, args: argparse.Namespace) -> int:
 
 def _eval_sets(config: Config, args: argparse.Namespace) -> int:
     """``turnstream eval --set FILE``: one version scored on each set, a JSON line per set on stdout."""
+    from runtime.pipeline.evalsets import EvalSetError, load_set
     from services.eval.set_runner import SetRunError, evaluate_sets
-    from services.evalsets import EvalSetError, load_set
 
     try:
         config = _override(config, "eval", {"engine_url": args.engine_url})
@@ -605,7 +605,7 @@ def _worker(config: Config, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.launch import die_with_parent_from_env
+    from runtime.process.launch import die_with_parent_from_env
 
     die_with_parent_from_env()
     args = _parser().parse_args(argv)
@@ -622,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"turnstream: {exc}", file=sys.stderr)
             return 2
     if args.command == "models":
-        from services.model_store import fetch
+        from runtime.engine.model_store import fetch
 
         print(fetch(args.name))
         return 0
@@ -669,7 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return run_console(config)
     if args.command == "config":
-        from services.config import redacted
+        from runtime.configuration.config import redacted
 
         print(msgspec.json.format(msgspec.json.encode(redacted(config)).decode()))
         return 0

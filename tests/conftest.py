@@ -10,10 +10,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from services.config import KafkaConfig, RedisConfig
+from runtime.configuration.config import KafkaConfig, RedisConfig
+from runtime.engine.model_store import fetch_smollm2
+from runtime.messaging.topics import create_topics
 from services.engine.launch import EngineProcess
-from services.model_store import fetch_smollm2
-from services.topics import create_topics
 from tests.infra import Service, start_kafka, start_redis
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import read_topic
 from schemas import TopicSpec
-from services.bus import read_topic
-from services.config import KafkaConfig
 
 
 async def wait_for_events(

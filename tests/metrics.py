@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from services.metrics import parse_samples
+from runtime.observability.metrics import parse_samples
 
 
 def scraped(url: str, name: str, *, headers: dict[str, str] | None = None, **labels: str) -> float:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from runtime.configuration.config import load_config
 from services.cli import _parser
-from services.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer", "eval", "gate", "console")

@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.config import KafkaConfig, RedisConfig
-from services.launch import free_port
-from services.topics import group_lag
+from runtime.configuration.config import KafkaConfig, RedisConfig
+from runtime.messaging.topics import group_lag
+from runtime.process.launch import free_port
 from tests.infra import REPO, Service, _script, kafka_script_env
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -216,9 +216,9 @@ def test_malformed_records_on_every_topic_go_to_deadletter_and_the_pipeline_goes
     stage consumes: every consuming group dead-letters each of them (with its coordinates) and traffic flows."""
     import msgspec
 
+    from runtime.messaging.bus import EventProducer, read_topic
     from schemas import encode
     from schemas.topics import DEADLETTER, JUDGMENTS, TEACHER, TURNS, TURNS_PAIRED
-    from services.bus import EventProducer, read_topic
     from tests.strategies import example_turn
 
     pipe = pipeline()

@@ -1,9 +1,10 @@
 """The layout is the architecture (README, Layout): checked on the source, so a shortcut shows up as a failing test.
 
 - ``schemas/`` is the contract and imports nothing of ours;
-- a service package (``services/<name>/``) imports ``schemas``, the shared runtime at ``services/`` root and
-  itself, never another service; the shared runtime imports no service, except the command-line entry point,
-  which starts them;
+- ``runtime/`` is what every service shares (messaging, configuration, engine access, process management,
+  observability, security, the pipeline's shared rules): it imports ``schemas`` and itself, never a service;
+- ``services/`` holds one folder per deployable service and the command-line entry point (``services/cli.py``,
+  which starts them); a service imports ``schemas``, ``runtime`` and itself, never another service;
 - no two of our modules import each other, directly or round a longer loop, imports only a type checker follows
   (under ``if TYPE_CHECKING:``) included: a reader follows them too.
 """
@@ -14,7 +15,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("schemas", "services")
+OURS = ("schemas", "runtime", "services")
 ENTRY_POINT = "services.cli"
 
 
@@ -31,7 +32,6 @@ def _modules() -> dict[str, Path]:
 
 MODULES = _modules()
 SERVICES = {name.split(".")[1] for name, path in MODULES.items() if path.parent.parent == ROOT / "services"}
-SERVICES -= {"transport", "erasure"}  # shared runtime in folders of their own, not services
 
 
 def _type_checking_only(tree: ast.Module) -> set[int]:
@@ -75,27 +75,50 @@ def service_of(name: str) -> str | None:
 
 
 def test_the_contract_imports_nothing_of_ours() -> None:
-    bad = {
-        (a, b)
-        for a, bs in GRAPH.items()
-        if a.startswith("schemas")
-        for b in bs
-        if not b.startswith("schemas")
-    }
+    bad = {(a, b) for a, bs in GRAPH.items() if a.startswith("schemas.") or a == "schemas" for b in bs}
+    bad = {(a, b) for a, b in bad if not b.startswith("schemas")}
     assert not bad
 
 
+def test_the_runtime_imports_no_service() -> None:
+    bad = {
+        (a, b)
+        for a, bs in GRAPH.items()
+        if a.split(".")[0] == "runtime"
+        for b in bs
+        if b.startswith("services")
+    }
+    assert not bad, "the shared runtime imports a service"
+
+
 def test_services_import_no_other_service() -> None:
-    assert {"proxy", "pairer", "judge", "teacher", "dispatcher", "trainer"} <= SERVICES  # the check sees them
+    assert {
+        "proxy",
+        "pairer",
+        "judge",
+        "teacher",
+        "dispatcher",
+        "trainer",
+        "gate",
+    } <= SERVICES  # the check sees them
     bad = set()
     for a, bs in GRAPH.items():
-        if a.startswith("schemas"):
+        if a.split(".")[0] != "services" or a == ENTRY_POINT:
             continue
         for b in bs:
             owner, target = service_of(a), service_of(b)
-            if target is not None and target != owner and a != ENTRY_POINT:
+            if target is not None and target != owner:
                 bad.add((a, b))
-    assert not bad, "a service (or the shared runtime) imports another service"
+    assert not bad, "a service imports another service"
+
+
+def test_services_holds_services_and_the_entry_point_only() -> None:
+    """Anything shared lives in runtime/: at services/ root only the command line sits beside the service folders,
+    and every service folder is a package."""
+    loose = {p.name for p in (ROOT / "services").iterdir() if p.is_file()} - {"__init__.py", "cli.py"}
+    assert not loose, f"shared code belongs in runtime/, not services/: {sorted(loose)}"
+    folders = {p.name for p in (ROOT / "services").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == SERVICES, folders ^ SERVICES
 
 
 def test_no_import_cycles() -> None:
@@ -122,7 +145,8 @@ def test_no_import_cycles() -> None:
 
 def test_the_checks_see_a_violation() -> None:
     """The graph is built from the real source: the shared runtime's known edges are there."""
-    assert "services.transport.http_pool" in GRAPH["services.engine_client"]
+    assert "runtime.transport.http_pool" in GRAPH["runtime.engine.client"]
+    assert "runtime.configuration.config" in GRAPH["services.proxy.app"]
     assert "services.trainer.spec" in GRAPH["services.trainer.parallel"]
     assert "services.trainer.parallel" not in GRAPH["services.trainer.spec"]
     # a type-only import: followed by the cycle check, not by the import rules

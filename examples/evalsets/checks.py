@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.personas import by_name
+from runtime.pipeline.personas import by_name
 
 
 def plain_short(answer: str, case: Any) -> bool:

@@ -19,8 +19,8 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 from torch import Tensor
 
+from runtime.configuration.config import TrainerConfig
 from schemas import Sample, mode_spec
-from services.config import TrainerConfig
 from services.trainer.loss import mode_advantage
 
 EPS = 1e-6

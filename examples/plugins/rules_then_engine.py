@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.configuration.config import Config
 from schemas import PairedTurn
-from services.config import Config
 from services.judge.backends import from_config
 from services.judge.votes import parse_vote
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import httpx
 
+from runtime.configuration.config import load_config
+from runtime.engine.client import adapter_name
+from runtime.messaging.bus import EventProducer, read_topic
 from schemas import Sample, Turn
 from schemas.topics import SAMPLES, TURNS
-from services.bus import EventProducer, read_topic
-from services.config import load_config
-from services.engine_client import adapter_name
 
 PROXY = os.environ.get("SMOKE_PROXY_URL", "http://proxy:8000")
 ENGINE = os.environ.get("SMOKE_ENGINE_URL", "http://sglang-policy:30000")

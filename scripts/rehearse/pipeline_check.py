@@ -23,6 +23,10 @@ import sys
 import time
 from typing import Any
 
+from runtime.configuration.config import load_config
+from runtime.engine.client import adapter_name
+from runtime.messaging.bus import read_topic
+from runtime.pipeline.promotion import fold
 from schemas.topics import (
     DEADLETTER,
     EVALS,
@@ -35,10 +39,6 @@ from schemas.topics import (
     WEIGHTS,
     TopicSpec,
 )
-from services.bus import read_topic
-from services.config import load_config
-from services.engine_client import adapter_name
-from services.promotion import fold
 from services.proxy.reloader import gated_target
 
 FLOW = (("turns recorded", TURNS), ("turns paired", TURNS_PAIRED), ("turns judged", JUDGMENTS))

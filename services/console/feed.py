@@ -10,6 +10,9 @@ import sqlite3
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import kafka_consumer, topic_partitions
+from runtime.security.erasure.sealing import open_value
 from schemas import DecodeError, Event, decode_any
 from schemas.topics import (
     DEADLETTER,
@@ -23,10 +26,7 @@ from schemas.topics import (
     WEIGHTS,
     TopicSpec,
 )
-from services.bus import kafka_consumer, topic_partitions
-from services.config import KafkaConfig
 from services.console.projection import apply, stored_offsets
-from services.erasure.sealing import open_value
 
 log = logging.getLogger("turnstream.console")
 

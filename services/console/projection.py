@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.security.files import private_dir, private_file
 from schemas import (
     DeadLetter,
     EvalResult,
@@ -29,7 +30,6 @@ from schemas import (
     VersionDecision,
     WeightsPublished,
 )
-from services.private import private_dir, private_file
 
 SCHEMA_VERSION = 5
 """Raised with every change to ``SCHEMA``: a projection written with another is rebuilt from the topics."""

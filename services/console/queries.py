@@ -7,9 +7,9 @@ import sqlite3
 import time
 from typing import Any
 
+from runtime.pipeline.promotion import fold
 from schemas import VersionDecision
 from services.console.projection import loads
-from services.promotion import fold
 
 RECENT_S = 300.0
 """The window of the overview's rates."""

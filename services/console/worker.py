@@ -12,15 +12,15 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from services.config import Config
+from runtime.configuration.config import Config
+from runtime.engine.model_store import cache_dir
+from runtime.messaging.topics import group_lag, pipeline_groups
+from runtime.observability.metrics import serve_metrics
+from runtime.security.tokens import console_login_url, console_token
 from services.console.access import Access, allowed_hosts
 from services.console.app import create_app, token_texts
 from services.console.feed import follow
 from services.console.projection import connect
-from services.metrics import serve_metrics
-from services.model_store import cache_dir
-from services.tokens import console_login_url, console_token
-from services.topics import group_lag, pipeline_groups
 
 log = logging.getLogger("turnstream.console")
 
@@ -80,7 +80,7 @@ def console_app(config: Config) -> Any:
 
 
 def run_console(config: Config) -> int:
-    from services.transport.http_server import serve
+    from runtime.transport.http_server import serve
 
     app = console_app(config)
     # For a Prometheus without the console's token (compose): the same registry, on a port of its own.

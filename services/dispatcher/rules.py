@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+from runtime.configuration.plugins import load_function
 from schemas.modes import MODES, UnknownMode, mode_spec
-from services.plugins import load_function
 
 Rule = Callable[[int | None, bool, bool], str | None]
 

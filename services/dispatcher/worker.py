@@ -22,16 +22,16 @@ import msgspec
 import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
 
+from runtime.configuration.config import Config
+from runtime.configuration.plugins import load_function
+from runtime.messaging.bus import EventConsumer, EventProducer, Record, read_topic, serve
+from runtime.observability.metrics import serve_metrics
+from runtime.pipeline.majority import majority_vote
 from schemas import Judgment, Sample, TeacherScores, Turn, decode, encode
 from schemas.modes import mode_spec
 from schemas.topics import JUDGMENTS, SAMPLES, TEACHER
-from services.bus import EventConsumer, EventProducer, Record, read_topic, serve
-from services.config import Config
 from services.dispatcher.join import JoinStore
 from services.dispatcher.rules import reward
-from services.majority import majority_vote
-from services.metrics import serve_metrics
-from services.plugins import load_function
 
 log = logging.getLogger("turnstream.dispatcher")
 

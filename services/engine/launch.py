@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
-from services.config import LORA_TARGETS
-from services.launch import ServiceProcess, free_port
-from services.transport.addresses import is_loopback
+from runtime.configuration.config import LORA_TARGETS
+from runtime.process.launch import ServiceProcess, free_port
+from runtime.security.addresses import is_loopback
 
 __all__ = ["SGLANG_VERSION", "EngineOptions", "EngineProcess", "free_port", "sglang_command"]
 

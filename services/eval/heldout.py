@@ -1,14 +1,14 @@
 """The held-out evaluation's arithmetic: a fixed question set that training traffic never asks, and each answer
-scored by every persona's own preference check (``services/personas.py``). Pure: the worker asks the engine."""
+scored by every persona's own preference check (``runtime/pipeline/personas.py``). Pure: the worker asks the engine."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 
+from runtime.pipeline.evalsets import question_set_id
+from runtime.pipeline.personas import Persona
 from schemas import EvalAnswer, EvalResult
-from services.evalsets import question_set_id
-from services.personas import Persona
 
 __all__ = ["judged", "question_set_id", "result"]
 

@@ -1,4 +1,4 @@
-"""Running an evaluation set (``services/evalsets.py``) against one weight version of the policy engine.
+"""Running an evaluation set (``runtime/pipeline/evalsets.py``) against one weight version of the policy engine.
 
 The cases go straight to the engine (never through the proxy: they must not become training traffic), greedy, like
 the held-out set. With LoRA adapters any loaded version is addressed by its adapter name, so a candidate can be
@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
 
+from runtime.configuration.config import Config
+from runtime.engine.client import EngineClient, EngineError, adapter_name, weight_versions
+from runtime.pipeline.evalsets import RUBRIC_PROMPT, EvalCase, EvalSet, Rubric, scored, set_result, verdict
 from schemas import EvalAnswer, EvalResult
-from services.config import Config
-from services.engine_client import EngineClient, EngineError, adapter_name, weight_versions
-from services.evalsets import RUBRIC_PROMPT, EvalCase, EvalSet, Rubric, scored, set_result, verdict
 
 log = logging.getLogger("turnstream.eval")
 
@@ -138,9 +138,9 @@ async def evaluate_sets(
 ) -> list[EvalResult]:
     """``turnstream eval --set``: each set scored for one version (default: the served one), each result published
     to ``evals`` (keyed by version, as the held-out results) unless ``publish`` is off."""
+    from runtime.engine.client import close_engine_pool
+    from runtime.messaging.bus import EventProducer
     from schemas.topics import EVALS
-    from services.bus import EventProducer
-    from services.engine_client import close_engine_pool
 
     ec = config.eval
     engine = EngineClient(

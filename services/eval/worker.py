@@ -9,7 +9,7 @@ that version (the engine reports which version made each token): if the engine m
 no Redis, another proxy without it) the result is discarded and the newer version evaluated instead. Versions
 the engine passed over before they could be evaluated are counted, not guessed. The versions already evaluated
 are read back from ``evals`` at start, so a restart evaluates none twice. The evaluation sets of ``eval.sets``
-(``services/evalsets.py``) are scored for the same version under the same hold, and go to ``evals`` before its
+(``runtime/pipeline/evalsets.py``) are scored for the same version under the same hold, and go to ``evals`` before its
 held-out result (the held-out result marks the version done).
 """
 
@@ -26,16 +26,16 @@ import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
+from runtime.configuration.config import Config, RedisConfig
+from runtime.engine.client import EngineClient, EngineError, adapter_name, close_engine_pool, weight_versions
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.observability.metrics import serve_metrics
+from runtime.pipeline.evalsets import Rubric, load_set
+from runtime.pipeline.personas import Persona, by_name, heldout_questions
 from schemas import EvalAnswer, EvalResult
 from schemas.topics import EVALS
-from services.bus import EventProducer, read_topic
-from services.config import Config, RedisConfig
-from services.engine_client import EngineClient, EngineError, adapter_name, close_engine_pool, weight_versions
 from services.eval.heldout import judged, question_set_id, result
 from services.eval.set_runner import SetRunError, engine_asker, engine_rubric, judge_client, run_set
-from services.evalsets import Rubric, load_set
-from services.metrics import serve_metrics
-from services.personas import Persona, by_name, heldout_questions
 
 log = logging.getLogger("turnstream.eval")
 

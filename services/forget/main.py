@@ -20,8 +20,8 @@ from pathlib import Path
 import msgspec
 from redis import asyncio as aioredis
 
-from services.config import Config
-from services.erasure.sealing import session_keys
+from runtime.configuration.config import Config
+from runtime.security.erasure.sealing import session_keys
 from services.forget.redis_state import forget_state, leftovers
 from services.forget.topics import TopicProof, sessions_of_user, what_is_left
 

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 import msgspec
 from aiokafka.structs import ConsumerRecord
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import kafka_consumer, topic_partitions
+from runtime.messaging.topics import list_topic_names
+from runtime.security.erasure.envelope import is_sealed
+from runtime.security.erasure.sealing import open_value
 from schemas import ALL_TOPICS, DecodeError, TopicSpec, Turn, decode
 from schemas.topics import TURNS
-from services.bus import kafka_consumer, topic_partitions
-from services.config import KafkaConfig
-from services.erasure.envelope import is_sealed
-from services.erasure.sealing import open_value
-from services.topics import list_topic_names
 
 
 class TopicProof(msgspec.Struct):

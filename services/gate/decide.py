@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import time
 
+from runtime.configuration.config import GateConfig
+from runtime.pipeline.promotion import Promotion
 from schemas import EvalResult, VersionCheck, VersionDecision, WeightsPublished
-from services.config import GateConfig
 from services.gate.policy import verdict
-from services.promotion import Promotion
 
 DECIDED = frozenset({"promoted", "rejected", "rolled_back", "superseded"})
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import msgspec
 
+from runtime.configuration.config import GateConfig
 from schemas import EvalResult
-from services.config import GateConfig
 
 
 class GateCheck(msgspec.Struct, frozen=True):

@@ -14,13 +14,13 @@ import signal
 
 from prometheus_client import Counter, Gauge
 
+from runtime.configuration.config import Config
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.observability.metrics import serve_metrics
+from runtime.pipeline.evalsets import load_set, question_set_id
+from runtime.pipeline.personas import heldout_questions
 from schemas.topics import EVALS, VERSIONS, WEIGHTS
-from services.bus import EventProducer, read_topic
-from services.config import Config
-from services.evalsets import load_set, question_set_id
 from services.gate.decide import GateState
-from services.metrics import serve_metrics
-from services.personas import heldout_questions
 
 log = logging.getLogger("turnstream.gate")
 

@@ -15,11 +15,11 @@ from typing import Any, Protocol, cast
 
 from prometheus_client import Counter
 
+from runtime.configuration.config import Config
+from runtime.configuration.plugins import PluginError, check_call, load_class
+from runtime.engine.client import DeadlineExceeded, EngineClient, EngineError, until_deadline
 from schemas import PairedTurn
-from services.config import Config
-from services.engine_client import DeadlineExceeded, EngineClient, EngineError, until_deadline
 from services.judge import rules
-from services.plugins import PluginError, check_call, load_class
 
 RETRIES = Counter(
     "turnstream_judge_engine_retries_total", "Judge engine calls retried after a transient failure"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
+from runtime.pipeline.envelopes import request_only, unwrap
 from schemas import Message, PairedTurn
-from services.envelopes import request_only, unwrap
 from services.judge.prompts import message_text
 
 _THANKS = re.compile(

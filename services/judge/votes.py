@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from services.majority import majority_vote
+from runtime.pipeline.majority import majority_vote
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _INTEGER = re.compile(r"^\s*([+-]?)\s*(\d+)\s*$")

@@ -19,17 +19,17 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from runtime.configuration.config import Config
+from runtime.configuration.plugins import load_function
+from runtime.messaging.bus import EventConsumer, EventProducer, Record, serve
+from runtime.messaging.recent import RecentKeys
+from runtime.observability.metrics import serve_metrics
 from schemas import Judgment, PairedTurn, Vote
 from schemas.modes import mode_spec
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
-from services.bus import EventConsumer, EventProducer, Record, serve
-from services.config import Config
 from services.judge.backends import Backend, EngineBackend, VoteFailed, from_config
 from services.judge.prompts import PromptSet
 from services.judge.votes import majority_vote, parse_vote, select_hint
-from services.metrics import serve_metrics
-from services.plugins import load_function
-from services.recent import RecentKeys
 
 log = logging.getLogger("turnstream.judge")
 

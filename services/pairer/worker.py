@@ -26,12 +26,12 @@ from typing import cast
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 
+from runtime.configuration.config import Config
+from runtime.messaging.bus import EventConsumer, EventProducer, Record, serve
+from runtime.observability.metrics import serve_metrics
+from runtime.pipeline.envelopes import conversation, visible_answer
 from schemas import Message, PairedTurn, SessionEnded, Turn, decode, encode
 from schemas.topics import SESSIONS_ENDED, TURNS, TURNS_PAIRED
-from services.bus import EventConsumer, EventProducer, Record, serve
-from services.config import Config
-from services.envelopes import conversation, visible_answer
-from services.metrics import serve_metrics
 
 log = logging.getLogger("turnstream.pairer")
 
@@ -92,7 +92,7 @@ def same_response(history: Message, response: Message) -> bool:
 def next_state(prev: Turn, following: Turn) -> tuple[list[Message], bool]:
     """(next state, misaligned) of ``prev`` given the request of the session's following turn.
 
-    Messages a client sends with one request only (OpenClaw's internal-context block, ``services/envelopes.py``)
+    Messages a client sends with one request only (OpenClaw's internal-context block, ``runtime/pipeline/envelopes.py``)
     are neither history nor next state: both requests are read without them. Where the response is not at the
     expected place, the newest copy of it in the history still aligns (a client that trimmed old history)."""
     msgs = conversation(following.messages)

@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from services.engine_client import adapter_name
+from runtime.engine.client import adapter_name
 
 LEASED = Gauge("turnstream_proxy_adapter_requests", "Requests on their way to a LoRA adapter", ["version"])
 

@@ -18,9 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from schemas import SessionEnded
-from services.config import Config
-from services.engine_client import (
+from runtime.configuration.config import Config
+from runtime.engine.client import (
     EXACT_NON_STREAMED,
     EXACT_STREAMED,
     EngineClient,
@@ -30,6 +29,9 @@ from services.engine_client import (
     close_engine_pool,
     version_number,
 )
+from runtime.transport.resp import RedisReplyError, command
+from runtime.transport.sse import data_batches
+from schemas import SessionEnded
 from services.proxy.adapters import Adapters, with_version, without_adapter
 from services.proxy.additions import client_wants, strip_response, strip_stream_chunk
 from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
@@ -50,8 +52,6 @@ from services.proxy.turns import (
 )
 from services.proxy.validation import PARSE_IN_THREAD_BYTES, BadInput, parse_chat, read_body
 from services.proxy.versions import ServedVersions
-from services.transport.resp import RedisReplyError, command
-from services.transport.sse import data_batches
 
 log = logging.getLogger("turnstream.proxy")
 
@@ -774,7 +774,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
 async def build_state(config: Config) -> ProxyState:
     from pathlib import Path
 
-    from services.model_store import cache_dir
+    from runtime.engine.model_store import cache_dir
 
     pc = config.proxy
     engine = EngineClient(

@@ -9,9 +9,9 @@ that session. Across proxy replicas, because the state is in Redis.
 The hash is of a canonical form that ignores what clients legitimately change when they send history back:
 whitespace at the ends of content, content as a string or as a list of text parts, reasoning content (and a leading
 think block), tool-call ids, the spacing and key order of tool-call arguments, and a system prompt's volatile
-sections; messages a client adds to one request only are left out (``services/envelopes.py``). It is seeded with the
-caller's scope (the bearer token or API key, and the ``user`` field), so two people who type the same first message
-never share a session.
+sections; messages a client adds to one request only are left out (``runtime/pipeline/envelopes.py``). It is
+seeded with the caller's scope (the bearer token or API key, and the ``user`` field), so two people who type the
+same first message never share a session.
 
 Each stored link can be continued once. A request that continues a link already continued is a branch (the client
 edited or regenerated a message): it starts a new session, and when the turn it supersedes is still its session's
@@ -35,8 +35,8 @@ from typing import Any
 import msgspec
 from prometheus_client import Counter
 
-from services.envelopes import request_only, stable_system, visible_answer
-from services.transport.resp import PipelinedRedis, RedisReplyError, command
+from runtime.pipeline.envelopes import request_only, stable_system, visible_answer
+from runtime.transport.resp import PipelinedRedis, RedisReplyError, command
 
 log = logging.getLogger("turnstream.proxy")
 

@@ -12,7 +12,7 @@ import logging
 import stat
 from pathlib import Path
 
-from services.transport.addresses import is_loopback
+from runtime.security.addresses import is_loopback
 
 log = logging.getLogger("turnstream.proxy")
 

@@ -27,11 +27,11 @@ from pathlib import Path
 import msgspec
 from prometheus_client import Counter, Gauge
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import EventProducer
+from runtime.security.erasure.sealing import prefetch_keys, seal_value
 from schemas import SessionEnded, Turn, decode, encode
 from schemas.topics import MAX_TURN_BYTES, SESSIONS_ENDED, TURNS
-from services.bus import EventProducer
-from services.config import KafkaConfig
-from services.erasure.sealing import prefetch_keys, seal_value
 from services.proxy.spool import Spool
 from services.proxy.turns import DROPPED, UnrecordableTurn
 

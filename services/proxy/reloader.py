@@ -44,15 +44,15 @@ from typing import Any, NamedTuple
 
 from prometheus_client import Counter, Histogram
 
+from runtime.configuration.config import GateConfig, KafkaConfig
+from runtime.engine.client import EngineClient, EngineError, adapter_name, version_number
+from runtime.messaging.bus import EventConsumer, Record, read_topic
+from runtime.pipeline.promotion import Promotion
+from runtime.transport.resp import RedisReplyError
 from schemas import VersionDecision, WeightsPublished
 from schemas.topics import VERSIONS, WEIGHTS
-from services.bus import EventConsumer, Record, read_topic
-from services.config import GateConfig, KafkaConfig
-from services.engine_client import EngineClient, EngineError, adapter_name, version_number
-from services.promotion import Promotion
 from services.proxy.adapters import Adapters
 from services.proxy.versions import ServedVersions
-from services.transport.resp import RedisReplyError
 
 log = logging.getLogger("turnstream.proxy.reloader")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from services.chat_template import render_prompt_ids
+from runtime.engine.chat_template import render_prompt_ids
 
 
 class Retokenizer:

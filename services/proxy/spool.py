@@ -28,7 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
-from services.private import private_dir, private_opener
+from runtime.security.files import private_dir, private_opener
 
 _HEADER = struct.Struct("<II")
 _CURSOR = struct.Struct("<QQ")

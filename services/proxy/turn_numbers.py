@@ -1,5 +1,5 @@
 """Per-session turn numbers: one Redis ``INCR`` per main turn, so that proxy replicas behind a load balancer number
-one session's turns 1, 2, 3 between them, over the pipelined client of ``services/transport/resp.py`` (a fifth of
+one session's turns 1, 2, 3 between them, over the pipelined client of ``runtime/transport/resp.py`` (a fifth of
 the proxy's CPU per request went to redis-py's command path).
 
 ``number_once`` is the late path, for turns served while Redis was unreachable: the recorder numbers them when it
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from services.transport.resp import PipelinedRedis, RedisReplyError, command
+from runtime.transport.resp import PipelinedRedis, RedisReplyError, command
 
 # KEYS[1] the session's counter; ARGV[1] how long it outlives the session's last turn.
 _NEXT = b"local n = redis.call('INCR', KEYS[1]) redis.call('EXPIRE', KEYS[1], ARGV[1]) return n"

@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 from prometheus_client import Counter
 
+from runtime.engine.client import parse_chat_result
 from schemas import FINISH_REASONS, Message, SamplingParams, Turn
-from services.engine_client import parse_chat_result
 
 RETOKENIZED = Counter(
     "turnstream_proxy_retokenized_total", "Turns whose token ids were re-tokenized (the engine returned none)"

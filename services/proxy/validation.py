@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 from starlette.requests import ClientDisconnect, Request
 
+from runtime.engine.chat_template import for_engine
 from schemas import Message
-from services.chat_template import for_engine
 
 _json_decoder = msgspec.json.Decoder()
 
@@ -41,7 +41,7 @@ async def read_body(request: Request, limit: int) -> bytes:
             if size > limit:
                 raise BadInput(413, f"request body exceeds the limit of {limit} bytes", "request_too_large")
             chunks.append(chunk)
-    except ClientDisconnect:  # gone, or cut off by the body deadline (services/transport/guard.py)
+    except ClientDisconnect:  # gone, or cut off by the body deadline (runtime/transport/guard.py)
         raise BadInput(
             400, "the connection closed before the request body arrived", "incomplete_body"
         ) from None

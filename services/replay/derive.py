@@ -21,15 +21,15 @@ from pathlib import Path
 import msgspec
 import redis.asyncio as aioredis
 
+from runtime.configuration.config import Config
+from runtime.engine.model_store import cache_dir
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.messaging.topics import create_topics, group_lag, pipeline_groups
+from runtime.process.launch import free_port_block
+from runtime.process.supervisor import Service, StartupFailed, Supervisor
 from schemas.modes import mode_spec
 from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, SESSIONS_ENDED, TEACHER, TURNS_PAIRED
-from services.bus import EventProducer, read_topic
-from services.config import Config
-from services.launch import free_port_block
-from services.model_store import cache_dir
 from services.replay.select import Range, publish_turns, recorded_session_ends, recorded_turns
-from services.supervisor import Service, StartupFailed, Supervisor
-from services.topics import create_topics, group_lag, pipeline_groups
 
 log = logging.getLogger("turnstream.replay")
 

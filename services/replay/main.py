@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from services.config import Config
-from services.engine_client import EngineError
+from runtime.configuration.config import Config
+from runtime.engine.client import EngineError
 from services.replay.select import Range, parse_time
 
 
@@ -123,7 +123,7 @@ def _export(config: Config, args: argparse.Namespace) -> int:
     source, span = _source(config, args)
     tokenizer = None
     if args.format == "openclaw":
-        from services.model_store import fetch_smollm2
+        from runtime.engine.model_store import fetch_smollm2
 
         tokenizer = _tokenizer(args.tokenizer or config.trainer.hf_checkpoint or str(fetch_smollm2()))
     _print(asyncio.run(export_sessions(source.kafka, span, Path(args.out), args.format, tokenizer)))
@@ -131,7 +131,7 @@ def _export(config: Config, args: argparse.Namespace) -> int:
 
 
 def _import(config: Config, args: argparse.Namespace) -> int:
-    from services.engine_client import EngineClient
+    from runtime.engine.client import EngineClient
     from services.replay.records import OpenClawRecord, read_jsonl
     from services.replay.transfer import import_sessions
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import msgspec
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import EventProducer, Record, read_topic
 from schemas import PairedTurn, SessionEnded, Turn
 from schemas.topics import SESSIONS_ENDED, TURNS, TURNS_PAIRED
-from services.bus import EventProducer, Record, read_topic
-from services.config import KafkaConfig
 
 
 class Range(msgspec.Struct, frozen=True):

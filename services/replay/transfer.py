@@ -11,12 +11,13 @@ from typing import Any
 
 import msgspec
 
+from runtime.configuration.config import KafkaConfig
+from runtime.engine.chat_template import render_prompt_ids
+from runtime.engine.client import EngineClient
+from runtime.messaging.bus import EventProducer
+from runtime.messaging.topics import create_topics
+from runtime.security.files import private_opener
 from schemas import Message, SamplingParams, Turn
-from services.bus import EventProducer
-from services.chat_template import render_prompt_ids
-from services.config import KafkaConfig
-from services.engine_client import EngineClient
-from services.private import private_opener
 from services.replay.records import (
     BadLine,
     Format,
@@ -26,7 +27,6 @@ from services.replay.records import (
     to_openclaw,
 )
 from services.replay.select import Range, next_states, publish_turns, recorded_turns
-from services.topics import create_topics
 
 log = logging.getLogger("turnstream.replay")
 

@@ -7,10 +7,10 @@ import asyncio
 import json
 from pathlib import Path
 
+from runtime.configuration.config import Config
+from runtime.messaging.bus import read_topic
 from schemas import EvalResult
 from schemas.topics import EVALS
-from services.bus import read_topic
-from services.config import Config
 
 
 async def heldout_results(config: Config) -> list[EvalResult]:

@@ -22,13 +22,13 @@ import httpx
 import msgspec
 from aiokafka.errors import KafkaError
 
-from services.config import Config
-from services.model_store import cache_dir
-from services.private import private_dir
+from runtime.configuration.config import Config
+from runtime.engine.model_store import cache_dir
+from runtime.process.supervisor import StartupFailed, Supervisor, tail
+from runtime.security.files import private_dir
+from runtime.security.tokens import console_login_url, engine_keys, proxy_key
 from services.run.plan import plan
 from services.run.progress import Progress, scrape
-from services.supervisor import StartupFailed, Supervisor, tail
-from services.tokens import console_login_url, engine_keys, proxy_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,8 +80,8 @@ async def run_pipeline(
     install_signals: bool = True,
 ) -> int:
     """Returns 0 after a requested stop, 1 if a service failed to start or died."""
-    from services.model_store import fetch_smollm2
-    from services.topics import create_topics
+    from runtime.engine.model_store import fetch_smollm2
+    from runtime.messaging.topics import create_topics
 
     rc = config.run
     stop = stop or asyncio.Event()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runtime.configuration.config import Config
+from runtime.process.supervisor import Service
 from schemas.modes import mode_spec
-from services.config import Config
-from services.supervisor import Service
 
 
 def plan(

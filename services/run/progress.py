@@ -8,7 +8,7 @@ from collections import defaultdict
 import httpx
 import msgspec
 
-from services.metrics import Samples, parse_samples
+from runtime.observability.metrics import Samples, parse_samples
 
 
 class Progress(msgspec.Struct):

@@ -26,7 +26,7 @@ import httpx
 import msgspec
 from prometheus_client import Counter
 
-from services.personas import Persona, questions
+from runtime.pipeline.personas import Persona, questions
 
 log = logging.getLogger("turnstream.simulate")
 
@@ -295,7 +295,7 @@ async def run_simulate(
     """The ``turnstream simulate`` command: until ``sessions`` are done, or SIGTERM/SIGINT."""
     import signal
 
-    from services.metrics import serve_metrics
+    from runtime.observability.metrics import serve_metrics
 
     serve_metrics(metrics_port)
     stop = asyncio.Event()

@@ -22,14 +22,14 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from runtime.configuration.config import Config
+from runtime.engine.chat_template import TemplateError, render_prompt_ids
+from runtime.engine.client import DeadlineExceeded, EngineClient, EngineError, ScoreResult, until_deadline
+from runtime.messaging.bus import EventConsumer, EventProducer, Record, serve
+from runtime.messaging.recent import RecentKeys
+from runtime.observability.metrics import serve_metrics
 from schemas import Judgment, TeacherScores
 from schemas.topics import JUDGMENTS, TEACHER
-from services.bus import EventConsumer, EventProducer, Record, serve
-from services.chat_template import TemplateError, render_prompt_ids
-from services.config import Config
-from services.engine_client import DeadlineExceeded, EngineClient, EngineError, ScoreResult, until_deadline
-from services.metrics import serve_metrics
-from services.recent import RecentKeys
 from services.teacher.enhance import HINT_TEMPLATE, as_request_messages, enhanced_messages, load_template
 
 log = logging.getLogger("turnstream.teacher")

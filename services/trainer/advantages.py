@@ -14,9 +14,9 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from runtime.configuration.config import TrainerConfig
+from runtime.configuration.plugins import PluginError, load_function
 from schemas import Sample
-from services.config import TrainerConfig
-from services.plugins import PluginError, load_function
 from services.trainer.loss import mode_advantage
 
 Advantages = Callable[[Sequence[Sample], TrainerConfig], list[Tensor]]

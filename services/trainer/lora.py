@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from services.config import LORA_TARGETS, LoraConfig
+from runtime.configuration.config import LORA_TARGETS, LoraConfig
 from services.trainer.parallel import ParallelLayout, stage_layers
 from services.trainer.spec import ModelSpec, lora_split_dim
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from services.config import LoraConfig
+from runtime.configuration.config import LoraConfig
 from services.trainer.collective import transfer_group
 from services.trainer.export import gather_parts, owner
 from services.trainer.lora import FUSED, HF_MODULE

@@ -12,9 +12,9 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from runtime.configuration.config import TrainerConfig
+from runtime.configuration.plugins import load_function
 from schemas.modes import UnknownMode, mode_spec
-from services.config import TrainerConfig
-from services.plugins import load_function
 
 _TAIL_FLOOR = 1e-6
 

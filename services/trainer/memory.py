@@ -35,7 +35,7 @@ from itertools import product
 
 import msgspec
 
-from services.config import TrainerConfig
+from runtime.configuration.config import TrainerConfig
 from services.trainer.spec import ModelSpec, lora_split_dim, padded_vocab
 
 GIB = 1024**3

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from services.config import Config, reference_copy
+from runtime.configuration.config import Config, reference_copy
 from services.trainer.memory import GIB, MemoryPlan, PlanInput, layouts, plan, propose, total_params
 from services.trainer.spec import ModelSpec
 

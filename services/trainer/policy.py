@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from runtime.configuration.config import LoraConfig, TrainerConfig
 from schemas import Sample
-from services.config import LoraConfig, TrainerConfig
 from services.trainer.checkpoints import FULL_WEIGHTS, VersionFiles, snapshot
 from services.trainer.cpu_shim import cpu_allocations
 from services.trainer.export import hf_entries, hf_stream, local_parameters

@@ -24,9 +24,9 @@ import msgspec
 import torch
 from torch import Tensor
 
+from runtime.configuration.config import TrainerConfig
 from schemas import Sample
 from schemas.modes import mode_spec
-from services.config import TrainerConfig
 from services.trainer import advantages as batch_advantages
 from services.trainer import terms as loss_terms
 from services.trainer.batch import Collated

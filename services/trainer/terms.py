@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import Tensor
 
-from services.config import TrainerConfig
-from services.plugins import PluginError, load_function
+from runtime.configuration.config import TrainerConfig
+from runtime.configuration.plugins import PluginError, load_function
 from services.trainer.logprobs import VocabShard
 from services.trainer.loss import low_var_kl, ppo_clip_loss, topk_distillation_loss, truncated_importance
 

@@ -32,9 +32,8 @@ import msgspec
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from schemas import Sample, VersionDecision, WeightsPublished
-from schemas.topics import SAMPLES, VERSIONS, WEIGHTS
-from services.bus import (
+from runtime.configuration.config import Config, KafkaConfig
+from runtime.messaging.bus import (
     EventProducer,
     consumer_group,
     decode_or_dead_letter,
@@ -42,10 +41,11 @@ from services.bus import (
     read_topic,
     topic_partitions,
 )
-from services.config import Config, KafkaConfig
-from services.erasure.sealing import forgotten_session
-from services.metrics import serve_metrics
-from services.promotion import Promotion, fold
+from runtime.observability.metrics import serve_metrics
+from runtime.pipeline.promotion import Promotion, fold
+from runtime.security.erasure.sealing import forgotten_session
+from schemas import Sample, VersionDecision, WeightsPublished
+from schemas.topics import SAMPLES, VERSIONS, WEIGHTS
 from services.trainer.checkpoints import (
     BackgroundWriter,
     CheckpointMeta,
@@ -452,7 +452,7 @@ async def run_trainer(
     config: Config, *, install_signals: bool = True, stop: asyncio.Event | None = None
 ) -> None:
     """Run until SIGTERM/SIGINT, ``stop``, or ``trainer.max_steps`` steps; a step in progress completes."""
-    from services.model_store import cache_dir
+    from runtime.engine.model_store import cache_dir
 
     tc = config.trainer
     if not tc.hf_checkpoint:

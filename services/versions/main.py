@@ -1,7 +1,7 @@
 """``turnstream versions``: every weight version with its state, gate results and figures, and the decisions a person
 makes by hand (``promote N``, ``rollback [N]``, ``pin N``, ``unpin``), each an event on ``versions``.
 
-The table is the fold of ``versions`` (``services/promotion.py``) beside ``evals`` (each version's scores per
+The table is the fold of ``versions`` (``runtime/pipeline/promotion.py``) beside ``evals`` (each version's scores per
 question set) and the newest ``weights`` announcement. A manual decision names a version that exists (announced,
 decided or evaluated) and says what it changes; the reloaders and the trainer act on it from the topic.
 """
@@ -12,11 +12,11 @@ import time
 
 import msgspec
 
+from runtime.configuration.config import Config
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.pipeline.promotion import Promotion, fold
 from schemas import EvalResult, VersionDecision, WeightsPublished
 from schemas.topics import EVALS, VERSIONS, WEIGHTS
-from services.bus import EventProducer, read_topic
-from services.config import Config
-from services.promotion import Promotion, fold
 
 
 class VersionsError(ValueError):

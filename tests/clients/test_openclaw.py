@@ -19,11 +19,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from runtime.configuration.config import Config, DispatcherConfig, JudgeConfig, KafkaConfig, RedisConfig
+from runtime.pipeline.envelopes import conversation, request_only, visible_answer
 from schemas import Judgment, Sample, SessionEnded, Turn
 from schemas.topics import SAMPLES, SESSIONS_ENDED
-from services.config import Config, DispatcherConfig, JudgeConfig, KafkaConfig, RedisConfig
 from services.dispatcher.worker import run_dispatcher
-from services.envelopes import conversation, request_only, visible_answer
 from services.judge.worker import run_judge
 from tests.kafka_wait import wait_for_events
 from tests.metrics import scraped

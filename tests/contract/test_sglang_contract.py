@@ -3,7 +3,7 @@
 
 sglang is importable only in .venv-sglang, so the checks run there, in one subprocess per test session
 (tests/contract/sglang_validate.py; importing SGLang takes tens of seconds). The requests are captured on the wire
-from ``services.engine_client.EngineClient`` (and the judge's ``EngineBackend``) talking to the stubs, so what is
+from ``runtime.engine.client.EngineClient`` (and the judge's ``EngineBackend``) talking to the stubs, so what is
 checked is what the services send and what the stubs answer, not a copy of either. Real SGLang 0.5.23 answers
 (captured from a server) go through the same checks, so a check that is wrong about SGLang fails here too.
 """
@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 import pytest
 
-from services.engine_client import EXACT_NON_STREAMED, EXACT_STREAMED, EngineClient, EngineError
+from runtime.engine.client import EXACT_NON_STREAMED, EXACT_STREAMED, EngineClient, EngineError
+from runtime.process.launch import ServiceProcess, free_port
 from services.judge.backends import EngineBackend
-from services.launch import ServiceProcess, free_port
 from services.proxy.adapters import without_adapter
 from services.proxy.sampling import OPENAI_SAMPLING
 

@@ -13,10 +13,10 @@ import msgspec
 import pytest
 import torch
 
+from runtime.configuration.config import Config, KafkaConfig, TrainerConfig
+from runtime.messaging.bus import read_topic
 from schemas import Sample
 from schemas.topics import WEIGHTS
-from services.bus import read_topic
-from services.config import Config, KafkaConfig, TrainerConfig
 from services.trainer.model import read_hf_weights
 from services.trainer.worker import run_trainer
 from tests.services.trainer.conftest import make_sample, publish, save_tiny_llama

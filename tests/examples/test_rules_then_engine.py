@@ -14,11 +14,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from runtime.configuration.config import Config, DispatcherConfig, JudgeConfig, KafkaConfig, RedisConfig
+from runtime.messaging.topics import create_topics
 from schemas import Judgment
-from services.config import Config, DispatcherConfig, JudgeConfig, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
 from services.judge.worker import run_judge
-from services.topics import create_topics
 from tests.services.dispatcher.test_dispatcher import run_for
 from tests.services.judge.conftest import expected_keys, make_pairs, publish, wait_for_judgments
 

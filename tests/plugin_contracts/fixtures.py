@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from runtime.configuration.config import Config, TrainerConfig
 from schemas import ModeSpec, PairedTurn, Sample, register_mode
-from services.config import Config, TrainerConfig
 from services.trainer.terms import LossInputs
 
 # trainer.advantages

@@ -9,9 +9,9 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from services.config import KafkaConfig, RedisConfig
+from runtime.configuration.config import KafkaConfig, RedisConfig
+from runtime.configuration.plugins import PluginError
 from services.dispatcher.worker import Dispatcher, run_dispatcher
-from services.plugins import PluginError
 from tests.plugin_contracts import fixtures
 from tests.services.dispatcher.conftest import (
     dispatcher_config,

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from runtime.configuration.config import Config, KafkaConfig
+from runtime.configuration.plugins import PluginError, load_function
 from schemas import Message
-from services.config import Config, KafkaConfig
 from services.judge.backends import from_config
 from services.judge.worker import Judge, run_judge
-from services.plugins import PluginError, load_function
 from services.teacher.enhance import HINT_TEMPLATE, enhanced_messages, load_template
 from tests.services.judge.conftest import expected_keys, judge_config, make_pairs, publish
 from tests.services.judge.test_worker import run_until

@@ -1,12 +1,12 @@
-"""The one loader (services/plugins.py) and the configuration around it: a path that fits loads; one that does
-not is refused at start-up with a message naming the field, the path and the mismatch."""
+"""The one loader (runtime/configuration/plugins.py) and the configuration around it: a path that fits loads; one that
+does not is refused at start-up with a message naming the field, the path and the mismatch."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.config import ConfigError, load_config
-from services.plugins import PluginError, load_class, load_function
+from runtime.configuration.config import ConfigError, load_config
+from runtime.configuration.plugins import PluginError, load_class, load_function
 
 FIX = "tests.plugin_contracts.fixtures"
 

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 import torch
 
+from runtime.configuration.config import TrainerConfig
 from schemas import MODES, ContractError, ModeSpec, Sample, mode_spec, register_mode
-from services.config import TrainerConfig
 from services.dispatcher.rules import decide, needs, reward
 from services.trainer.loss import sample_advantages
 from tests.plugin_contracts import fixtures

@@ -13,9 +13,9 @@ import msgspec
 import pytest
 import torch
 
+from runtime.configuration.config import TrainerConfig
+from runtime.configuration.plugins import PluginError
 from schemas import Sample
-from services.config import TrainerConfig
-from services.plugins import PluginError
 from services.trainer.advantages import by_mode, checked
 from services.trainer.step import check_seams, collate, micro_loss
 from tests.plugin_contracts import fixtures

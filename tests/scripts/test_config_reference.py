@@ -1,4 +1,4 @@
-"""docs/configuration.md is what scripts/config_reference.py generates from services/config.py: every field
+"""docs/configuration.md is what scripts/config_reference.py generates from runtime/configuration/config.py: every field
 documented, every environment variable it names one that really sets that field."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from services.config import SECTIONS, ConfigError, load_config
+from runtime.configuration.config import SECTIONS, ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\| `(\w+)` \| `(.+?)` \| (.+?) \| `(TURNSTREAM_\w+)`")

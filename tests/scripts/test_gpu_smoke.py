@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.config import load_config
+from runtime.configuration.config import load_config
 from services.trainer.parallel import ParallelLayout
 from services.trainer.spec import ModelSpec
 from tests.test_compose import resolve

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.config import KafkaConfig
-from services.launch import ServiceProcess, free_port
+from runtime.configuration.config import KafkaConfig
+from runtime.process.launch import ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
 

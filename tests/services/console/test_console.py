@@ -15,10 +15,10 @@ import httpx
 import msgspec
 import pytest
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import EventProducer
 from schemas import Judgment, Turn, Vote, WeightsPublished
 from schemas.topics import spec_for
-from services.bus import EventProducer
-from services.config import KafkaConfig
 from services.console.app import create_app
 from services.console.feed import SHOWN, follow
 from services.console.pages import gap_colour

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import msgspec
 
+from runtime.configuration.config import Config, DispatcherConfig, KafkaConfig, RedisConfig
+from runtime.messaging.bus import EventProducer
 from schemas import Event, Judgment, Message, PairedTurn, Sample, TeacherScores, Turn, Vote
 from schemas.topics import JUDGMENTS, SAMPLES, TEACHER
-from services.bus import EventProducer
-from services.config import Config, DispatcherConfig, KafkaConfig, RedisConfig
 from tests.kafka_wait import wait_for_events
 from tests.strategies import example_turn
 

@@ -13,10 +13,10 @@ import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
+from runtime.configuration.config import Config, KafkaConfig, RedisConfig
+from runtime.messaging.bus import EventProducer
 from schemas import Event, Sample
 from schemas.topics import SAMPLES
-from services.bus import EventProducer
-from services.config import Config, KafkaConfig, RedisConfig
 from services.dispatcher.join import JoinStore
 from services.dispatcher.rules import decide
 from services.dispatcher.worker import run_dispatcher

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from runtime.configuration.config import KafkaConfig, RedisConfig
+from runtime.process.launch import ServiceProcess, free_port
 from schemas import Event
-from services.config import KafkaConfig, RedisConfig
 from services.dispatcher.rules import decide
-from services.launch import ServiceProcess, free_port
 from tests.services.dispatcher.conftest import (
     inputs_for,
     publish,

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import torch
 
+from runtime.engine.client import EngineClient
 from services.engine.launch import EngineProcess
-from services.engine_client import EngineClient
 
 TEXT = "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Berlin is"
 

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 from transformers import AutoTokenizer
 
+from runtime.engine.client import EXACT_NON_STREAMED, EXACT_STREAMED
 from services.engine.launch import CPU_FLAGS, STANDIN, EngineOptions, EngineProcess, sglang_command
-from services.engine_client import EXACT_NON_STREAMED, EXACT_STREAMED
 
 QUESTION = [{"role": "user", "content": "Say just the word yes."}]
 
@@ -189,7 +189,7 @@ def test_turnstream_renders_content_parts_and_developer_messages_as_the_engine_d
     """The teacher, the proxy's re-tokenizer and replay import render prompts with ``render_prompt_ids``; the
     engine renders what the proxy forwards (``for_engine``). They must agree token for token. An image sent to
     a text-only model is refused by SGLang itself (400, which the proxy passes on): no such turn is recorded."""
-    from services.chat_template import for_engine, render_prompt_ids
+    from runtime.engine.chat_template import for_engine, render_prompt_ids
 
     forwarded = for_engine(PARTS)
     assert [m["role"] for m in forwarded] == ["system", "user", "assistant", "user"]

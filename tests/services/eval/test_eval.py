@@ -12,14 +12,14 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from runtime.configuration.config import Config, EngineConfig, EvalConfig, KafkaConfig, RedisConfig
+from runtime.messaging.bus import read_topic
+from runtime.pipeline.personas import PERSONAS, heldout_questions, questions
 from schemas import EvalResult
 from schemas.topics import EVALS
-from services.bus import read_topic
-from services.config import Config, EngineConfig, EvalConfig, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
 from services.eval.heldout import judged, question_set_id
 from services.eval.worker import run_eval
-from services.personas import PERSONAS, heldout_questions, questions
 
 pytestmark = pytest.mark.integration
 

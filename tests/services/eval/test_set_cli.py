@@ -14,15 +14,22 @@ from pathlib import Path
 
 import pytest
 
+from runtime.configuration.config import (
+    Config,
+    EngineConfig,
+    EvalConfig,
+    JudgeConfig,
+    KafkaConfig,
+    RedisConfig,
+)
+from runtime.messaging.bus import read_topic
+from runtime.pipeline.evalsets import load_set, passes
+from runtime.pipeline.personas import heldout_questions
 from schemas import EvalResult
 from schemas.topics import EVALS
-from services.bus import read_topic
-from services.config import Config, EngineConfig, EvalConfig, JudgeConfig, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
 from services.eval.heldout import question_set_id
 from services.eval.worker import run_eval
-from services.evalsets import load_set, passes
-from services.personas import heldout_questions
 from tests.kafka_wait import wait_for_events
 
 pytestmark = pytest.mark.integration

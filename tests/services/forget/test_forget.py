@@ -17,14 +17,14 @@ import msgspec
 import pytest
 from redis import asyncio as aioredis
 
+from runtime.configuration.config import Config, KafkaConfig, RedisConfig
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.messaging.topics import create_topics, list_topic_names
+from runtime.security.erasure.sealing import seal_value
 from schemas.topics import TURNS
-from services.bus import EventProducer, read_topic
-from services.config import Config, KafkaConfig, RedisConfig
 from services.console.feed import follow
 from services.console.projection import connect, session_rows
-from services.erasure.sealing import seal_value
 from services.forget.topics import private_topics, raw_records
-from services.topics import create_topics, list_topic_names
 from tests.services.proxy.conftest import pair_all, wait_for_turns
 from tests.services.proxy.test_hostile import StubProxy
 

@@ -5,8 +5,8 @@ decides nothing again."""
 
 from __future__ import annotations
 
+from runtime.configuration.config import GateConfig
 from schemas import EvalAnswer, EvalResult, VersionDecision, WeightsPublished
-from services.config import GateConfig
 from services.gate.decide import GateState
 
 HELD = "heldout-16-abc"

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
+from runtime.configuration.config import Config, GateConfig, KafkaConfig
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.pipeline.evalsets import question_set_id
+from runtime.pipeline.personas import heldout_questions
+from runtime.pipeline.promotion import fold
 from schemas import EvalAnswer, EvalResult, VersionDecision, WeightsPublished
 from schemas.topics import EVALS, VERSIONS, WEIGHTS
-from services.bus import EventProducer, read_topic
-from services.config import Config, GateConfig, KafkaConfig
-from services.evalsets import question_set_id
 from services.gate.worker import run_gate
-from services.personas import heldout_questions
-from services.promotion import fold
 from tests.kafka_wait import wait_for_events
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.configuration.config import Config, EvalConfig, GateConfig, LoraConfig, TrainerConfig
 from schemas import EvalAnswer, EvalResult
-from services.config import Config, EvalConfig, GateConfig, LoraConfig, TrainerConfig
 from services.gate.policy import verdict
 
 HELD = "heldout-16-abc"

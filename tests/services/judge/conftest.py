@@ -8,11 +8,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from runtime.configuration.config import Config, JudgeConfig, KafkaConfig
+from runtime.messaging.bus import EventProducer
+from runtime.process.launch import ServiceProcess, free_port
 from schemas import Judgment, Message, PairedTurn
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
-from services.bus import EventProducer
-from services.config import Config, JudgeConfig, KafkaConfig
-from services.launch import ServiceProcess, free_port
 from tests.kafka_wait import wait_for_events
 from tests.strategies import example_turn
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from runtime.engine.client import EngineClient
 from services.engine.launch import EngineProcess
-from services.engine_client import EngineClient
 from services.judge.backends import EngineBackend, _content
 from services.judge.votes import parse_eval_vote, parse_hint_vote
 

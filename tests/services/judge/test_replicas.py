@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.config import KafkaConfig
-from services.launch import ServiceProcess, free_port
+from runtime.configuration.config import KafkaConfig
+from runtime.process.launch import ServiceProcess, free_port
 from tests.services.judge.conftest import StubJudge, expected_keys, make_pairs, publish, wait_for_judgments
 
 pytestmark = pytest.mark.integration

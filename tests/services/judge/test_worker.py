@@ -10,13 +10,13 @@ from collections.abc import Callable
 
 import pytest
 
+from runtime.configuration.config import Config, KafkaConfig
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.process.launch import free_port
 from schemas import DeadLetter, Judgment
 from schemas.topics import DEADLETTER, JUDGMENTS, TURNS_PAIRED
-from services.bus import EventProducer, read_topic
-from services.config import Config, KafkaConfig
 from services.engine.launch import EngineProcess
 from services.judge.worker import run_judge
-from services.launch import free_port
 from tests.services.judge.conftest import (
     StubJudge,
     expected_keys,

@@ -8,12 +8,12 @@ from typing import Any
 import msgspec
 import pytest
 
+from runtime.configuration.config import Config, KafkaConfig, PairerConfig, RedisConfig
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.messaging.topics import create_topics
 from schemas import FunctionCall, Message, PairedTurn, SessionEnded, ToolCall, Turn
 from schemas.topics import SESSIONS_ENDED, TURNS, TURNS_PAIRED
-from services.bus import EventProducer, read_topic
-from services.config import Config, KafkaConfig, PairerConfig, RedisConfig
 from services.pairer.worker import next_state
-from services.topics import create_topics
 from tests.services.proxy.conftest import pair_all
 from tests.strategies import example_turn
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from runtime.configuration.config import Config, KafkaConfig
+from runtime.process.launch import ServiceProcess, free_port
 from schemas import PairedTurn, Turn
 from schemas.topics import TURNS, TURNS_PAIRED
-from services.config import Config, KafkaConfig
-from services.launch import ServiceProcess, free_port
 from tests.kafka_wait import wait_for_events
 
 

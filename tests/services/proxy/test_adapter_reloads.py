@@ -9,10 +9,10 @@ import asyncio
 import time
 from pathlib import Path
 
+from runtime.configuration.config import KafkaConfig
+from runtime.engine.client import EngineError, adapter_name
+from runtime.messaging.bus import Record
 from schemas import WeightsPublished
-from services.bus import Record
-from services.config import KafkaConfig
-from services.engine_client import EngineError, adapter_name
 from services.proxy.adapters import Adapters
 from services.proxy.reloader import Reloader
 from services.proxy.versions import ServedVersions

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from services.config import RedisConfig
+from runtime.configuration.config import RedisConfig
+from runtime.transport.resp import PipelinedRedis, command
 from services.proxy.continuity import Continuity, answered, canonical, links
-from services.transport.resp import PipelinedRedis, command
 
 SYSTEM = {"role": "system", "content": "You are helpful."}
 CALL = {

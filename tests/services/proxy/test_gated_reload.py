@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import EventProducer
+from runtime.pipeline.promotion import fold
 from schemas import VersionDecision
 from schemas.topics import VERSIONS
-from services.bus import EventProducer
-from services.config import KafkaConfig
 from services.engine.launch import EngineProcess
-from services.promotion import fold
 from services.proxy.reloader import Target, gated_target
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
 from tests.services.proxy.test_reload import BODY, engine_version, publish

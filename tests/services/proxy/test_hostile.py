@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from runtime.configuration.config import KafkaConfig, RedisConfig
+from runtime.process.launch import ServiceProcess, free_port
 from schemas import encode
-from services.config import KafkaConfig, RedisConfig
-from services.launch import ServiceProcess, free_port
 from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, assert_still_serving, wait_for_turns
 
@@ -267,9 +267,9 @@ async def test_no_secret_reaches_the_logs_or_the_events(
     kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
 ) -> None:
     """The proxy's API key, the engine's API key and a wrong key a client sent: in no log line (DEBUG level), no
-    response and no recorded event. (``config show`` masks them too: tests/services/test_config.py.)"""
+    response and no recorded event. (``config show`` masks them too: tests/runtime/configuration/test_config.py.)"""
+    from runtime.messaging.bus import read_topic
     from schemas.topics import TURNS
-    from services.bus import read_topic
 
     secrets = {"proxy": "sk-proxy-5ecret", "engine": "sk-engine-5ecret", "wrong": "sk-wrong-5ecret"}
     proxy = StubProxy(

@@ -10,9 +10,9 @@ from typing import Any
 import openai
 import pytest
 
+from runtime.configuration.config import Config, KafkaConfig, RedisConfig
 from schemas import SessionEnded
 from schemas.topics import SESSIONS_ENDED
-from services.config import Config, KafkaConfig, RedisConfig
 from tests.kafka_wait import wait_for_events
 from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, pair_all, wait_for_turns

@@ -14,14 +14,14 @@ import httpx
 import pytest
 import torch
 
+from runtime.configuration.config import KafkaConfig, LoraConfig, TrainerConfig
+from runtime.engine.client import EngineClient, adapter_name
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.pipeline.personas import by_name
 from schemas import WeightsPublished
 from schemas.topics import DEADLETTER, WEIGHTS
-from services.bus import EventProducer, read_topic
-from services.config import KafkaConfig, LoraConfig, TrainerConfig
 from services.engine.launch import EngineProcess
-from services.engine_client import EngineClient, adapter_name
 from services.eval.worker import Evaluator
-from services.personas import by_name
 from services.trainer.checkpoints import TrainerStore
 from tests.conftest import ENGINE_KEYS, LORA_ENV
 from tests.metrics import scraped

@@ -8,7 +8,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from services.config import KafkaConfig
+from runtime.configuration.config import KafkaConfig
 from tests.infra import Service, _script, kafka_script_env
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
 

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
+from runtime.configuration.config import Config, KafkaConfig, RedisConfig
 from schemas.topics import SESSIONS_ENDED
-from services.config import Config, KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
 from tests.kafka_wait import wait_for_events
 from tests.metrics import scraped

@@ -8,10 +8,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from runtime.configuration.config import KafkaConfig, RedisConfig
+from runtime.messaging.bus import read_topic
 from schemas import Message, Turn
 from schemas.topics import TURNS
-from services.bus import read_topic
-from services.config import KafkaConfig, RedisConfig
 from services.engine.launch import free_port
 from services.proxy.recorder import TurnRecorder
 from services.proxy.turn_numbers import TurnNumbers

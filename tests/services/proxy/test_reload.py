@@ -17,10 +17,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from runtime.configuration.config import KafkaConfig, RedisConfig
+from runtime.messaging.bus import EventProducer, read_topic
 from schemas import Turn, WeightsPublished
 from schemas.topics import DEADLETTER, WEIGHTS
-from services.bus import EventProducer, read_topic
-from services.config import KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
 from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from starlette.datastructures import Headers
 
-from services.config import load_config
+from runtime.configuration.config import load_config
 from services.proxy.session import SessionError, session_info
 
 

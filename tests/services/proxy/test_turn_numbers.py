@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 import pytest
 import redis.asyncio as aioredis
 
-from services.config import RedisConfig
+from runtime.configuration.config import RedisConfig
+from runtime.transport.resp import RedisReplyError
 from services.engine.launch import free_port
 from services.proxy.turn_numbers import TurnNumbers
-from services.transport.resp import RedisReplyError
 
 pytestmark = pytest.mark.integration
 

@@ -74,7 +74,7 @@ async def test_without_any_probe_the_label_is_the_oldest_version_seen_after_the_
 
 
 async def test_an_adapter_drains_when_its_last_lease_ends_and_new_leases_go_to_the_current() -> None:
-    from services.engine_client import adapter_name
+    from runtime.engine.client import adapter_name
     from services.proxy.adapters import Adapters
 
     adapters = Adapters()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.config import Config, KafkaConfig, load_config
+from runtime.configuration.config import Config, KafkaConfig, load_config
 from services.replay.derive import DeriveOptions, derive_config, stages
 
 

@@ -17,13 +17,13 @@ from typing import Any
 import msgspec
 import pytest
 
+from runtime.configuration.config import KafkaConfig, RedisConfig
+from runtime.engine.chat_template import render_prompt_ids
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.messaging.topics import create_topics
 from schemas import FunctionCall, Message, PairedTurn, ToolCall, Turn
 from schemas.topics import JUDGMENTS, SAMPLES, TURNS, TURNS_PAIRED
-from services.bus import EventProducer, read_topic
-from services.chat_template import render_prompt_ids
-from services.config import KafkaConfig, RedisConfig
 from services.engine.launch import EngineProcess
-from services.topics import create_topics
 from tests.kafka_wait import wait_for_events
 from tests.services.proxy.conftest import ProxyProcess
 from tests.strategies import example_turn

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from runtime.configuration.config import Config, KafkaConfig
+from runtime.messaging.bus import EventProducer
+from runtime.pipeline.personas import PERSONAS
 from schemas import EvalAnswer, EvalResult
 from schemas.topics import EVALS
-from services.bus import EventProducer
-from services.config import Config, KafkaConfig
 from services.eval.heldout import judged
-from services.personas import PERSONAS
 from services.run.heldout import write_heldout
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.config import load_config
+from runtime.configuration.config import load_config
 from services.run.plan import plan
 
 
@@ -80,7 +80,7 @@ def test_engine_judge_and_ports_follow_the_configuration() -> None:
 
 
 def test_rl_runs_no_teacher_worker() -> None:
-    from services.config import load_config
+    from runtime.configuration.config import load_config
 
     names = [s.name for s in plan(load_config(env={"TURNSTREAM_DISPATCHER_MODE": "rl"}), "/m")]
     assert "teacher" not in names and "teacher-engine" in names, "the engine still serves the judge"
@@ -89,7 +89,7 @@ def test_rl_runs_no_teacher_worker() -> None:
 def test_lora_runs_one_engine_for_the_policy_the_judge_and_the_teacher() -> None:
     """With adapters the base model answers the judge and the teacher on the policy's engine: one SGLang fewer,
     and every service knows the versions are adapters."""
-    from services.config import load_config
+    from runtime.configuration.config import load_config
 
     config = load_config(
         env={"TURNSTREAM_TRAINER_LORA_ENABLED": "true", "TURNSTREAM_RUN_JUDGE_BACKEND": "engine"}

@@ -20,13 +20,13 @@ import openai
 import psutil
 import pytest
 
+from runtime.configuration.config import KafkaConfig, RedisConfig, load_config
+from runtime.messaging.bus import read_topic
+from runtime.pipeline.personas import heldout_questions
+from runtime.process.launch import free_port, free_port_block
+from runtime.security.tokens import engine_keys
 from schemas.topics import DEADLETTER, EVALS, JUDGMENTS, SAMPLES, TEACHER, TURNS, WEIGHTS
-from services.bus import read_topic
-from services.config import KafkaConfig, RedisConfig, load_config
-from services.launch import free_port, free_port_block
-from services.personas import heldout_questions
 from services.run.plan import plan
-from services.tokens import engine_keys
 from tests.browser import check_console
 
 # Two SGLang servers start in each run: 2-3 minutes of the two cores before the first turn.

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.config import load_config
+from runtime.configuration.config import load_config
 from services.run import main
 from services.run.progress import Progress
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from runtime.pipeline.personas import PERSONAS, SIGN_OFF, by_name, questions
 from schemas import Message, PairedTurn
 from services.judge import rules
-from services.personas import PERSONAS, SIGN_OFF, by_name, questions
 from services.simulate.driver import Observation, plot, summarize
 from tests.strategies import example_turn
 

@@ -67,7 +67,7 @@ def test_the_teacher_renders_with_the_template_options_the_policy_was_served_wit
     too, else the first response tokens are scored after another prompt (large spurious OPD gaps)."""
     from transformers import AutoTokenizer
 
-    from services.chat_template import render_prompt_ids
+    from runtime.engine.chat_template import render_prompt_ids
     from services.teacher.worker import Teacher
     from tests.services.teacher.test_teacher import hint_judgment
 

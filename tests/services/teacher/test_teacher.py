@@ -13,12 +13,12 @@ import msgspec
 import pytest
 import torch
 
+from runtime.configuration.config import Config, KafkaConfig, TeacherConfig
+from runtime.engine.client import EngineClient
+from runtime.messaging.bus import EventProducer, read_topic
 from schemas import DeadLetter, Judgment, Message, PairedTurn, TeacherScores, Turn, Vote
 from schemas.topics import DEADLETTER, JUDGMENTS, TEACHER
-from services.bus import EventProducer, read_topic
-from services.config import Config, KafkaConfig, TeacherConfig
 from services.engine.launch import EngineProcess
-from services.engine_client import EngineClient
 from services.teacher.worker import run_teacher
 from tests.kafka_wait import wait_for_events
 

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import EventProducer
 from schemas import Sample
 from schemas.topics import SAMPLES
-from services.bus import EventProducer
-from services.config import KafkaConfig
 
 
 def save_tiny_llama(out: Path, vocab_size: int = 512, max_positions: int = 256) -> Path:

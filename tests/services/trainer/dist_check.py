@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 import torch
 
+from runtime.configuration.config import LoraConfig, TrainerConfig
 from schemas import Sample
-from services.config import LoraConfig, TrainerConfig
 from services.trainer.model import shutdown_parallel
 from services.trainer.parallel import ParallelLayout
 

@@ -19,10 +19,10 @@ import msgspec
 import pytest
 import torch
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import read_topic
+from runtime.process.launch import free_port
 from schemas.topics import WEIGHTS
-from services.bus import read_topic
-from services.config import KafkaConfig
-from services.launch import free_port
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import read_hf_weights
 from services.trainer.spec import ModelSpec

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import read_topic
+from runtime.process.launch import ServiceProcess, free_port
 from schemas.topics import WEIGHTS
-from services.bus import read_topic
-from services.config import KafkaConfig
-from services.launch import ServiceProcess, free_port
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import megatron_to_hf, read_hf_weights
 from services.trainer.spec import ModelSpec
@@ -190,7 +190,7 @@ async def test_a_restart_replays_the_steps_since_the_last_full_checkpoint_exactl
     spec = ModelSpec.from_dir(tiny_llama)
     published = read_hf_weights(out / "versions" / "v5")
     if lora:
-        from services.config import LoraConfig
+        from runtime.configuration.config import LoraConfig
         from services.trainer.lora_export import adapter_tensors
 
         names = adapter_tensors(spec, LoraConfig(enabled=True))

@@ -107,8 +107,8 @@ def test_the_loss_keeps_no_vocabulary_sized_tensor_for_backward() -> None:
     tokens of a 49k vocabulary)."""
     import time
 
+    from runtime.configuration.config import TrainerConfig
     from schemas import Sample
-    from services.config import TrainerConfig
     from services.trainer.step import collate, micro_loss
 
     g = torch.Generator().manual_seed(0)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from runtime.configuration.config import LORA_TARGETS, LoraConfig, TrainerConfig
 from schemas import Sample
-from services.config import LORA_TARGETS, LoraConfig, TrainerConfig
 from services.trainer.checkpoints import TrainerStore
 from tests.samples import random_rl_samples
 

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 import torch
 
-from services.config import TrainerConfig
+from runtime.configuration.config import TrainerConfig
 from services.trainer.memory import (
     GIB,
     DoesNotFit,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.configuration.config import TrainerConfig
 from schemas import Sample
-from services.config import TrainerConfig
 from services.trainer.loss import ppo_clip_loss, truncated_importance
 from services.trainer.step import collate, micro_loss
 from tests.services.trainer.conftest import save_tiny_llama

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.config import TrainerConfig, load_config
+from runtime.configuration.config import TrainerConfig, load_config
 from services.trainer.model import hf_to_megatron
 from services.trainer.parallel import ParallelLayout, dtype_for, padded_vocab, shard, stage_layers, unshard
 from services.trainer.spec import ModelSpec

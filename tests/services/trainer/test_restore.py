@@ -15,12 +15,12 @@ import msgspec
 import pytest
 import torch
 
+from runtime.configuration.config import Config, GateConfig, KafkaConfig, TrainerConfig
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.messaging.topics import create_topics
+from runtime.pipeline.promotion import fold
 from schemas import Sample, VersionDecision
 from schemas.topics import SAMPLES, VERSIONS, WEIGHTS
-from services.bus import EventProducer, read_topic
-from services.config import Config, GateConfig, KafkaConfig, TrainerConfig
-from services.promotion import fold
-from services.topics import create_topics
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import read_hf_weights
 from services.trainer.worker import run_trainer

@@ -12,9 +12,9 @@ import msgspec
 import pytest
 import torch
 
+from runtime.configuration.config import TrainerConfig
+from runtime.engine.chat_template import render_prompt_ids
 from schemas import Sample
-from services.chat_template import render_prompt_ids
-from services.config import TrainerConfig
 from services.trainer.step import collate, micro_batches, token_logprobs, train_step
 
 warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")

@@ -13,11 +13,11 @@ import msgspec
 import pytest
 import torch
 
+from runtime.configuration.config import Config, KafkaConfig, TrainerConfig
+from runtime.messaging.bus import read_topic
+from runtime.messaging.topics import create_topics
 from schemas import WeightsPublished
 from schemas.topics import WEIGHTS
-from services.bus import read_topic
-from services.config import Config, KafkaConfig, TrainerConfig
-from services.topics import create_topics
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import read_hf_weights
 from services.trainer.spec import ModelSpec
@@ -120,9 +120,9 @@ async def test_stale_samples_are_dropped(kafka: KafkaConfig, tiny_llama: Path, t
 async def test_records_that_are_not_samples_go_to_deadletter_and_training_goes_on(
     kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
 ) -> None:
+    from runtime.messaging.bus import EventProducer
     from schemas import DeadLetter, encode
     from schemas.topics import DEADLETTER, SAMPLES
-    from services.bus import EventProducer
     from tests.strategies import example_turn
 
     out = tmp_path / "weights"
@@ -168,7 +168,7 @@ async def test_a_step_whose_session_was_forgotten_is_replayed_without_it(
     and trains on."""
     from prometheus_client import REGISTRY
 
-    from services.erasure.sealing import session_keys
+    from runtime.security.erasure.sealing import session_keys
     from services.trainer.checkpoints import StepRecord
 
     out = tmp_path / "weights"

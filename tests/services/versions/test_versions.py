@@ -12,11 +12,11 @@ import time
 
 import pytest
 
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.bus import EventProducer, read_topic
+from runtime.pipeline.promotion import fold
 from schemas import EvalAnswer, EvalResult, VersionDecision, WeightsPublished
 from schemas.topics import EVALS, VERSIONS, WEIGHTS
-from services.bus import EventProducer, read_topic
-from services.config import KafkaConfig
-from services.promotion import fold
 from services.versions.main import VersionsError, listing, manual
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,1 @@
+"""One validated configuration for every service, and the loader behind every extension point."""

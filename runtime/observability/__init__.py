@@ -1,0 +1,1 @@
+"""Structured logs and the Prometheus metrics every service's runtime reports."""

@@ -1,0 +1,1 @@
+"""Starting services as subprocesses and supervising a run's stages."""
