@@ -1,12 +1,16 @@
 """The README and docs/ stay true to the tree: every relative link names a file that exists (and a heading that
 exists, for ``#anchors``), and every command they show in a code block is one that parses: ``turnstream``
 command lines with turnstream's own argument parser, ``make`` targets against the Makefile, scripts and
-benchmarks against the files. Cheap, so it runs on every commit; what a command *does* is the other tests' job."""
+benchmarks against the files, and every option shown for one of our Python scripts (in a code block or inline)
+against that script's own ``--help``. Cheap, so it runs on every commit; what a command *does* is the other tests'
+job."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,6 +103,33 @@ def test_every_command_shown_parses(page: Path) -> None:
             if script.endswith((".sh", ".py")) and not (REPO / script).exists():
                 bad.append(" ".join(words))
     assert not bad, bad
+
+
+SCRIPT_SPAN = re.compile(r"`(?:\.venv/bin/python |python3? )?((?:bench|scripts)/[\w/.-]+\.py)((?: [^`]*)?)`")
+
+
+def script_flags() -> dict[str, set[str]]:
+    """The options the pages show for our Python scripts, in code blocks and in inline code, by script."""
+    out: dict[str, set[str]] = {}
+    for page in PAGES:
+        spans = [(m.group(1), m.group(2)) for m in SCRIPT_SPAN.finditer(page.read_text())]
+        spans += [(w[1], " ".join(w[2:])) for w in commands(page) if len(w) > 1 and w[1].endswith(".py")]
+        for script, rest in spans:
+            if script.startswith(("bench/", "scripts/")):
+                out.setdefault(script, set()).update(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest))
+    return {script: flags for script, flags in out.items() if flags}
+
+
+@pytest.mark.parametrize(("script", "flags"), sorted(script_flags().items()), ids=lambda v: str(v)[:40])
+def test_every_option_shown_for_a_script_is_in_its_help(script: str, flags: set[str]) -> None:
+    """Runs the script's ``--help`` (it parses before doing anything) and finds each option the docs show."""
+    assert (REPO / script).exists(), script
+    out = subprocess.run(
+        [sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    missing = {f for f in flags if not re.search(re.escape(f) + r"(?![\w-])", out.stdout)}
+    assert not missing, f"{script}: the docs show {sorted(missing)}, which its --help does not know"
 
 
 def test_the_checks_see_a_violation(tmp_path: Path) -> None:
