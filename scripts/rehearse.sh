@@ -14,9 +14,9 @@
 #      turn sessions, streamed and not, OpenClaw-RL's session headers); turns recorded, paired, judged, taught,
 #      sampled, trained; the policy server loads the version from the shared volume (one-gpu: as a LoRA adapter
 #      beside the base) once the gate promoted it (GATE_ENABLED, on unless REHEARSE_GATE=false) and a new turn
-#      carries it;
-#      the console and Prometheus answer and every Prometheus target is up; `down` and `up` again: the volumes
-#      keep the state, the trainer resumes, versions go on and no sample is trained twice; `down -v`.
+#      carries it; the console and Prometheus answer, the console's logged login link opens it, every Prometheus
+#      target is up; `down` and `up` again: the volumes keep the state, the trainer resumes, versions go on and no
+#      sample is trained twice; `down -v`.
 #
 # It prints PASS/FAIL per check and the time, exits non-zero on any failure, and removes what it started
 # (containers, networks, volumes), leaving the image cache. REHEARSE_LAYOUTS="two-engines one-gpu" (default) picks
@@ -144,6 +144,8 @@ for layout in $LAYOUTS; do
         test "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$CONSOLE_PORT/api/sessions")" = 401
     checks verdict "the console serves its token" \
         curl -fsS -o /dev/null -H "Authorization: Bearer $CONSOLE_TOKEN" "http://127.0.0.1:$CONSOLE_PORT/api/sessions"
+    login_link="$(compose logs console 2>/dev/null | grep -o 'http://[^ "]*/login?token=[^ "\\]*' | tail -1 || true)"
+    checks verdict "the console's logged login link opens it (${login_link%%\?*})" curl -fsS -o /dev/null "$login_link"
     reach() {  # whether the service's container can open the policy server's health check
         compose exec -T "$1" python -c \
             'import urllib.request; urllib.request.urlopen("http://sglang-policy:30000/health", timeout=5)' \

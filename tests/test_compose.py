@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from runtime.configuration.config import load_config
+from runtime.security.tokens import console_login_url
 from services.cli import _parser
 
 REPO = Path(__file__).resolve().parent.parent
@@ -649,3 +650,22 @@ def test_the_engines_take_both_keys_on_an_internal_network_and_only_the_proxy_ho
     for name, section in (("judge", "judge"), ("judge-alt", "judge"), ("teacher", "teacher")):
         env = {k: v for k, v in services[name]["environment"].items() if v is not None}
         assert getattr(load_config(env=env), section).api_key == "test-engine-key-0123456789", name
+
+
+def test_the_consoles_login_link_names_the_published_port(default: dict[str, Any]) -> None:
+    """In its container the console listens on 8080 whatever port compose publishes: the link it logs must name the
+    published one (first contact: with CONSOLE_PORT=18080 it named 8080), or CONSOLE_URL when people come from
+    elsewhere."""
+
+    def link(service: dict[str, Any]) -> str:
+        env = {k: v for k, v in service["environment"].items() if v is not None}
+        config = load_config(env=env)
+        config.console.token = "T"
+        return console_login_url(config)
+
+    assert link(default["services"]["console"]) == "http://127.0.0.1:8080/login?token=T"
+    moved = json.loads(resolve(CONSOLE_PORT="18080").stdout)["services"]
+    assert moved["console"]["ports"][0]["published"] == "18080"
+    assert link(moved["console"]) == "http://127.0.0.1:18080/login?token=T"
+    named = json.loads(resolve(CONSOLE_URL="https://gpu-host.example:8443").stdout)["services"]
+    assert link(named["console"]) == "https://gpu-host.example:8443/login?token=T"

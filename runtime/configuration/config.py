@@ -9,6 +9,7 @@ a ConfigError naming the field and where the value came from.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -602,6 +603,10 @@ class ConsoleConfig(_Section):
     """Where the console listens (loopback unless you put it behind your own proxy; see ``allowed_hosts``)."""
     port: Port = 8080
     """The console's port."""
+    public_url: str = ""
+    """Where people open the console (``http(s)://host:port``), for the login link it logs and ``turnstream run``
+    prints; empty: ``http://<host>:<port>``. Compose sets it from ``CONSOLE_PORT``: in a container the console's
+    own port is not the one published."""
     db_path: str = ""
     """The projection (SQLite); default: ``<cache>/console/<namespace or live>.sqlite3``. Delete it to rebuild."""
     tokenizer: str = ""
@@ -613,6 +618,10 @@ class ConsoleConfig(_Section):
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
     """Host names the console answers to (others get a 421: DNS rebinding defence). Empty: localhost, 127.0.0.1,
     ::1 and ``host`` unless a wildcard; ``*`` for any (behind a proxy that checks them)."""
+
+    def __post_init__(self) -> None:
+        if self.public_url and not re.match(r"https?://[^/\s]+", self.public_url):
+            raise ValueError(f"public_url: {self.public_url!r} is not an http(s)://host[:port] address")
 
 
 class RunConfig(_Section):

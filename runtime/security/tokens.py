@@ -40,7 +40,9 @@ def console_token(config: Config) -> str:
 
 
 def console_login_url(config: Config) -> str:
-    """The link that logs a browser in (``services/console/access.py``)."""
+    """The link that logs a browser in (``services/console/access.py``), at ``console.public_url`` when set."""
+    if config.console.public_url:
+        return f"{config.console.public_url.rstrip('/')}/login?token={console_token(config)}"
     host = config.console.host if config.console.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{config.console.port}/login?token={console_token(config)}"
