@@ -18,7 +18,7 @@ test:             ## set up and run lint + the whole test suite (real Kafka and 
 rehearse:         ## the GPU-host compose deployment in real containers on this CPU machine (docs/gpu-host.md)
 	bash scripts/rehearse.sh
 
-lint:             ## ruff (checks, formatting) and mypy (schemas/, services/)
+lint:             ## ruff (checks, formatting) and mypy (schemas/, runtime/, services/)
 	bash scripts/setup-venv.sh
 	bash scripts/lint.sh
 

@@ -1,7 +1,9 @@
 """LoRA versions on the real SGLang (CPU, ``--lora-backend torch_native``): the trainer's published adapter is
 loaded beside the base model, the policy's turns go to it and carry its version, its log-probs are the trainer's,
 the adapter before is unloaded once nothing uses it, requests naming no adapter (the judge's, the teacher's) get
-the base model, and a full-weights version sent to an adapter-serving proxy is dead-lettered."""
+the base model, and a full-weights version sent to an adapter-serving proxy is dead-lettered. Under the gate's
+``adapter`` mechanism a candidate is loaded beside the promoted version and evaluated by name while users are
+answered by the promoted one, until the gate promotes it."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from runtime.configuration.config import KafkaConfig, LoraConfig, TrainerConfig
 from runtime.engine.client import EngineClient, adapter_name
 from runtime.messaging.bus import EventProducer, read_topic
 from runtime.pipeline.personas import by_name
-from schemas import WeightsPublished
-from schemas.topics import DEADLETTER, WEIGHTS
+from schemas import VersionDecision, WeightsPublished
+from schemas.topics import DEADLETTER, VERSIONS, WEIGHTS
 from services.engine.launch import EngineProcess
 from services.eval.worker import Evaluator
 from services.trainer.checkpoints import TrainerStore
@@ -192,6 +194,69 @@ async def test_adapter_versions_are_served_labelled_and_retired(
     t = turns["a:2"]
     want = trainer_logprobs(trained["policy"], trained["v1"], t.prompt_token_ids, t.response_token_ids)
     assert max(abs(a - b) for a, b in zip(t.response_logprobs, want, strict=True)) < 1e-3
+
+
+async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_served(
+    lora_engine: EngineProcess, proxy_env: dict[str, str], kafka: KafkaConfig, trained: dict[str, Any]
+) -> None:
+    proxy = ProxyProcess(
+        {
+            **proxy_env,
+            **LORA_ENV,
+            **ENGINE_KEYS,
+            "TURNSTREAM_ENGINE_URL": lora_engine.url,
+            "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(trained["root"]),
+            "TURNSTREAM_GATE_ENABLED": "true",
+            "TURNSTREAM_GATE_MECHANISM": "adapter",
+        }
+    )
+    chat = proxy.url + "/v1/chat/completions"
+
+    async def decide(state: str, by: str = "gate") -> None:
+        async with EventProducer(kafka) as producer:
+            event = VersionDecision(version=1, state=state, reason="test", by=by, decided_at=time.time())
+            await producer.send(VERSIONS, event, "policy")
+
+    async def ask(session: str) -> dict[str, Any]:
+        r = await http.post(chat, json=BODY, headers={"X-Session-Id": session})
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    evaluator = Evaluator(
+        EngineClient(lora_engine.url, api_key=API_KEY), by_name(None), ["Name three colours."], 10, 1, True
+    )
+    try:
+        async with httpx.AsyncClient(timeout=300) as http:
+            base = await ask("g")
+            assert base["metadata"]["weight_version"] == "0"
+            await publish(kafka, 1, trained["paths"][1])
+            # Loaded beside the base (an adapter left by another test retired): the only one there.
+            await until(
+                lambda: _has(http, lora_engine.url, {adapter_name(1)}), "the candidate was not loaded beside"
+            )
+            await decide("candidate")
+            # The evaluation asks the candidate by name and gets its answers; users still get the promoted one's.
+            served = await evaluator.served()
+            assert served is not None and served[0] == 1
+            evaluated = await evaluator.evaluate(*served)
+            assert evaluated is not None
+            assert evaluated.answers[0].answer != base["choices"][0]["message"]["content"].strip()
+            during = await ask("g")
+            assert during["metadata"]["weight_version"] == "0"
+            assert during["choices"][0]["message"] == base["choices"][0]["message"]
+            await decide("rejected")
+            await until(lambda: _has(http, lora_engine.url, set()), "the rejected candidate stayed loaded")
+            assert (await ask("g"))["metadata"]["weight_version"] == "0"
+            await decide("promoted", by="manual")  # turnstream versions promote 1: now users get it
+            deadline = time.monotonic() + 120
+            while (promoted := await ask("h"))["metadata"]["weight_version"] != "1":
+                assert time.monotonic() < deadline, "the version promoted by hand was never served"
+                await asyncio.sleep(0.5)
+            assert promoted["choices"][0]["message"]["content"].strip() == evaluated.answers[0].answer
+    finally:
+        proxy.stop()
+    turns = await wait_for_turns(kafka, 4)
+    assert [t.weight_version for t in turns if t.session_id == "g"] == [0, 0, 0]
 
 
 async def _has(http: httpx.AsyncClient, url: str, names: set[str]) -> bool:
