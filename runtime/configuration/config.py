@@ -453,8 +453,8 @@ class TrainerConfig(_Section):
     kl_coef: NonNegFloat = 0.0
     """Weight of the KL penalty from the reference (``reference_checkpoint``; 0: no reference is loaded)."""
     max_staleness: NonNegInt = 4
-    """A sample whose response came from weights more than this many versions older than the trainer's is dropped
-    (counted as ``stale``)."""
+    """A sample whose response came from weights more than this many steps behind the trainer's (counted along its
+    lineage: after a restore, version numbers jump) is dropped (counted as ``stale``)."""
     clip_grad: NonNegFloat = 1.0
     """Gradients are clipped to this total norm (0: not clipped)."""
     group_id: str = "turnstream-trainer"

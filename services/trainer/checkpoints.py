@@ -62,6 +62,9 @@ class CheckpointMeta(msgspec.Struct):
     """Sample ids per step, oldest first: the lineage of this checkpoint's weights."""
     samples_trained: int
     base_model: str
+    ancestors: list[int] = msgspec.field(default_factory=list)
+    """The versions behind these weights, nearest first (up to ``staleness.ANCESTORS_KEPT``): a sample's staleness
+    is counted along them after a restart (a restore makes version numbers jump)."""
 
 
 class StepRecord(msgspec.Struct):

@@ -58,6 +58,7 @@ from services.trainer.collective import barrier, broadcast
 from services.trainer.parallel import ParallelLayout
 from services.trainer.rank_thread import RankThread
 from services.trainer.safetensors_stream import Entry
+from services.trainer.staleness import ancestors, from_ancestors, steps_apart
 from services.trainer.step import StepStats
 
 log = logging.getLogger("turnstream.trainer")
@@ -173,6 +174,8 @@ class TrainerLoop:
         """The newest version number published: the next step publishes ``version + 1``."""
         self.at = 0
         """The version whose weights the policy holds: ``version``, but after a restore the restored one."""
+        self.parents: dict[int, int] = {}
+        """Each version this trainer knows the lineage of -> the version it was trained from (``staleness``)."""
         self.protected: set[int] = set()
         """Under a gate: the promoted and pinned versions, whose folders a rollback may load again."""
         self.mark: RestoreMark | None = None
@@ -199,6 +202,7 @@ class TrainerLoop:
             meta, folder = found
             self.policy.load_state(self.store.load_state(folder, self.layout.rank))
             self.at, self.step = meta.version, meta.step
+            self.parents.update(from_ancestors(meta.version, meta.ancestors))
             self.trained, self.samples_trained = list(meta.trained), meta.samples_trained
             self.offsets = {int(p): o for p, o in meta.offsets.items()}
         else:  # the base weights
@@ -255,8 +259,12 @@ class TrainerLoop:
         )
         return discarded
 
+    def steps_ahead_of(self, version: int) -> int:
+        """Steps of training between ``version``'s weights and the ones the policy holds."""
+        return steps_apart(self.parents, self.at, version)
+
     def fresh(self, s: Sample) -> bool:
-        lag = self.at - s.weight_version
+        lag = self.steps_ahead_of(s.weight_version)
         STALENESS.observe(max(lag, 0))
         if lag > self.tc.max_staleness:
             DROPPED.labels("stale").inc()
@@ -295,6 +303,7 @@ class TrainerLoop:
 
     def advance(self, samples: list[Sample], version: int) -> None:
         self.version = max(self.version, version)
+        self.parents[version] = self.at
         self.at = version
         self.step += 1
         self.trained.append([s.sample_id for s in samples])
@@ -338,6 +347,7 @@ class TrainerLoop:
             trained=list(self.trained),
             samples_trained=self.samples_trained,
             base_model=self.base,
+            ancestors=ancestors(self.parents, self.at),
         )
         tmp = self.store.stage(self.at)
         keep = {a for v in self.protected if (a := self.store.anchor(v)) is not None}
@@ -593,7 +603,7 @@ async def _run_rank(
                 promotion = await gate.promotion(force=len(pending.samples) >= tc.rollout_batch_size)
                 if promotion is not None:
                     trainer.protected = _served(promotion)
-                    if promotion.failed_streak >= config.gate.restore_after and gate.may_restore(promotion):
+                    if _restore_due(trainer, promotion, config) and gate.may_restore(promotion):
                         if await _restore(trainer, promotion, producer, torch_thread):
                             pending = await seek()
                             gate.forget()
@@ -666,6 +676,22 @@ class _GateWatch:
         return fold([rec.event async for rec in read_topic(self.config.kafka, VERSIONS)])
 
 
+def _starved(trainer: TrainerLoop, promotion: Promotion, max_staleness: int) -> bool:
+    """Users are served the promoted version while the gate turns candidates down, so once the trainer is more
+    than ``trainer.max_staleness`` steps past it every new sample is stale: with its newest version failed too,
+    no step and no candidate would come again, and no further failure would reach ``gate.restore_after``."""
+    return (
+        promotion.state(trainer.version) in ("rejected", "rolled_back")
+        and trainer.steps_ahead_of(promotion.promoted) > max_staleness
+    )
+
+
+def _restore_due(trainer: TrainerLoop, promotion: Promotion, config: Config) -> bool:
+    return promotion.failed_streak >= config.gate.restore_after or _starved(
+        trainer, promotion, config.trainer.max_staleness
+    )
+
+
 def _served(promotion: Promotion) -> set[int]:
     """The versions a gated proxy may serve again (promoted, or pinned): kept on disk, with the checkpoint a
     restore to them starts from."""
@@ -675,14 +701,20 @@ def _served(promotion: Promotion) -> set[int]:
 async def _restore(
     trainer: TrainerLoop, promotion: Promotion, producer: EventProducer, torch_thread: RankThread
 ) -> bool:
-    """``gate.restore_after`` candidates failed in a row: training goes on from the promoted version's weights and
-    optimizer state, and ``versions`` says so (which ends the streak)."""
+    """``gate.restore_after`` candidates failed in a row, or the trainer starved (``_starved``): training goes on
+    from the promoted version's weights and optimizer state, and ``versions`` says so (which ends the streak)."""
     failed = sorted(v for v, state in promotion.states.items() if state in ("rejected", "rolled_back"))
     to = promotion.promoted
-    reason = (
+    why = (
         f"{promotion.failed_streak} candidates failed the gate in a row (latest: "
-        f"{', '.join(f'v{v}' for v in failed[-promotion.failed_streak :])}); training goes on from v{to}'s "
-        f"weights and optimizer state, and the samples of the steps after v{to} are not trained again"
+        f"{', '.join(f'v{v}' for v in failed[-promotion.failed_streak :])})"
+        if promotion.failed_streak >= trainer.config.gate.restore_after
+        else f"v{trainer.version} failed the gate and the trainer is {trainer.steps_ahead_of(to)} steps past "
+        f"v{to}, which users are served: every new sample is staler than trainer.max_staleness"
+    )
+    reason = (
+        f"{why}; training goes on from v{to}'s weights and optimizer state, and the samples of the steps after "
+        f"v{to} are not trained again"
     )
     discarded = 0
     if trainer.at != to:  # else restored already (a restart between the restore and its decision)

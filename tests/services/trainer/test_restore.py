@@ -1,7 +1,9 @@
 """Under a gate, after ``gate.restore_after`` failed candidates the trainer goes back to the promoted version's
 weights and optimizer state and trains on from there (docs/evaluation.md), against the real broker and real
 Megatron-core steps: the state it trains on is exactly the promoted version's, the samples of the discarded steps
-are not trained again, and ``versions`` records why."""
+are not trained again, and ``versions`` records why. A trainer that the gate leaves too far ahead of what users
+are served (every new sample stale) restores before ``gate.restore_after``, and counts staleness along its
+lineage, not by version number."""
 
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
 pytestmark = pytest.mark.integration
 
 
-def config(kafka: KafkaConfig, model: Path, out: Path, gate: bool, **trainer: object) -> Config:
+def config(
+    kafka: KafkaConfig, model: Path, out: Path, gate: bool, restore_after: int = 2, **trainer: object
+) -> Config:
     tc = msgspec.convert(
         {
             "hf_checkpoint": str(model),
@@ -45,7 +49,7 @@ def config(kafka: KafkaConfig, model: Path, out: Path, gate: bool, **trainer: ob
     return Config(
         kafka=kafka,
         trainer=tc,
-        gate=GateConfig(enabled=gate, mechanism="serve-then-check", restore_after=2, poll_s=0.2),
+        gate=GateConfig(enabled=gate, mechanism="serve-then-check", restore_after=restore_after, poll_s=0.2),
     )
 
 
@@ -137,3 +141,36 @@ async def test_after_failed_candidates_the_trainer_trains_on_from_the_promoted_v
 async def read_events(kafka: KafkaConfig) -> AsyncIterator[VersionDecision]:
     async for r in read_topic(kafka, VERSIONS):
         yield r.event
+
+
+async def test_a_trainer_the_gate_leaves_without_fresh_samples_restores_and_counts_staleness_by_lineage(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+) -> None:
+    """Users stay on v0 while the gate turns v1 and v2 down, one short of ``restore_after`` 3. With
+    ``max_staleness`` 1 every new sample (from v0) is two steps behind the trainer's v2: no step would come again,
+    so no candidate and no third failure. The trainer restores v0 and trains v3 from it; v0's samples are then one
+    step from v3's weights (not three by number), after a restart from v3's checkpoint too."""
+    samples = [make_sample(i) for i in range(16)]  # all answered by v0, the promoted version
+    out = tmp_path / "weights"
+
+    def starving(**trainer: object) -> Config:
+        return config(kafka, tiny_llama, out, True, restore_after=3, max_staleness=1, **trainer)
+
+    await publish(kafka, samples[:8])
+    await asyncio.wait_for(run_trainer(starving(max_steps=2), install_signals=False), 180)
+    await decide(kafka, (1, "rejected"), (2, "rejected"))
+    await publish(kafka, samples[8:12])
+    await asyncio.wait_for(
+        run_trainer(starving(max_steps=1, checkpoint_every_steps=1), install_signals=False), 180
+    )
+    restored = [d async for d in read_events(kafka) if d.state == "restored"]
+    assert len(restored) == 1 and restored[0].version == 0, restored
+    assert "2 steps past v0" in restored[0].reason, restored[0].reason
+    assert 3 in TrainerStore(out).checkpoint_versions()
+
+    await publish(kafka, samples[12:])
+    await asyncio.wait_for(run_trainer(starving(max_steps=1), install_signals=False), 180)
+    assert [r.event.version async for r in read_topic(kafka, WEIGHTS)] == [1, 2, 3, 4]
+    ids = [s.sample_id for s in samples]
+    assert TrainerStore(out).lineage() == [ids[8:12], ids[12:]]
+    assert [d.state async for d in read_events(kafka)].count("restored") == 1
