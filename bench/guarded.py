@@ -5,6 +5,8 @@
     .venv/bin/python bench/guarded.py --runs unguarded,guarded --start-from good [--until-version 16]
     .venv/bin/python bench/guarded.py --runs guarded-restore --start-from good --until-version 12 \
         --image docs/images/guarded-restore.png
+    .venv/bin/python bench/guarded.py --runs unguarded-lora,guarded-adapter --start-from good --until-version 8 \
+        --image docs/images/guarded-adapter.png
     .venv/bin/python bench/guarded.py --plot-only --out bench/guarded_runs --image docs/images/guarded-vs-unguarded.png
 
 ``unguarded`` and ``guarded`` are the README's learning run (``turnstream run --simulate 3 --until-version N``,
@@ -69,6 +71,10 @@ GATED = {
     "TURNSTREAM_GATE_MARGIN": "0.05",
     "TURNSTREAM_GATE_RESTORE_AFTER": "3",
 }
+LORA = {  # the LoRA learning run of bench/RESULTS.md: LoRA wants a larger step than full weights
+    "TURNSTREAM_TRAINER_LORA_ENABLED": "true",
+    "TURNSTREAM_TRAINER_LR": "2e-4",
+}
 RUNS = {
     "unguarded": BAD_SIGNAL,
     "guarded": {**BAD_SIGNAL, **GATED},
@@ -80,10 +86,16 @@ RUNS = {
         "TURNSTREAM_TRAINER_LR": "1e-4",
         "TURNSTREAM_GATE_RESTORE_AFTER": "2",
     },
+    # LoRA: one engine serves the base and an adapter per version; under the gate's ``adapter`` mechanism each
+    # candidate is loaded beside the promoted adapter and evaluated by name, so users never meet it
+    "unguarded-lora": {**BAD_SIGNAL, **LORA},
+    "guarded-adapter": {**BAD_SIGNAL, **LORA, **GATED, "TURNSTREAM_GATE_MECHANISM": "adapter"},
 }
 """Each run's settings: the bad signal without and with the gate, and the good one (its steps per minute with
 the gate on against off: the gate's cost to a run that learns), and ``guarded-restore``: the bad signal at twice
-the learning rate, the trainer restoring after two failed candidates, so that a restore happens within a short run."""
+the learning rate, the trainer restoring after two failed candidates, so that a restore happens within a short run;
+``unguarded-lora`` and ``guarded-adapter``: the bad signal with LoRA adapters, without the gate and with its
+``adapter`` mechanism (candidates evaluated beside the promoted adapter, never served)."""
 PERSONA = "plain-short"
 """The persona whose score moves (SmolLM2 never learns the other one: bench/RESULTS.md)."""
 
@@ -139,6 +151,7 @@ def run(name: str, until: int, out: Path, start: Path | None = None) -> dict[str
         started_at=started,
         wall_s=round(time.time() - started, 1),
         start=str(start or ""),
+        mechanism=RUNS[name].get("TURNSTREAM_GATE_MECHANISM", ""),
     )
     (out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     prune(folder / "weights", record)
@@ -235,11 +248,14 @@ def served(record: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({"at": first, "version": 0, "score": scores.get(0), "how": "promoted"})
     for d in record["decisions"]:
         fold.apply(VersionDecision(**{k: d[k] for k in ("version", "state", "by", "reason", "decided_at")}))
-        if d["state"] == "candidate":  # serve-then-check: served while it is evaluated
+        if (
+            d["state"] == "candidate"
+        ):  # serve-then-check: served while it is evaluated; adapter: evaluated beside
             evaluated = [e for e in record["evals"] if e["version"] == d["version"]]
             if evaluated:
+                how = "beside" if record.get("mechanism") == "adapter" else "candidate"
                 out.append({"at": d["decided_at"], "version": d["version"], "score": scores[d["version"]],
-                            "how": "candidate"})  # fmt: skip
+                            "how": how})  # fmt: skip
             continue
         if d["state"] in ("promoted", "rejected", "rolled_back", "pinned", "unpinned", "restored"):
             out.append({"at": d["decided_at"], "version": fold.serving, "score": scores.get(fold.serving),
@@ -249,8 +265,12 @@ def served(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:
     timeline = served(record)
-    scores = [t["score"] for t in timeline if t["score"] is not None]
-    promoted = [t["score"] for t in timeline if t["how"] != "candidate" and t["score"] is not None]
+    scores = [
+        t["score"] for t in timeline if t["score"] is not None and t["how"] != "beside"
+    ]  # users met these
+    promoted = [
+        t["score"] for t in timeline if t["how"] not in ("candidate", "beside") and t["score"] is not None
+    ]
     states: dict[str, int] = {}
     for d in record["decisions"]:
         states[d["state"]] = states.get(d["state"], 0) + 1
@@ -296,13 +316,14 @@ def plot(records: dict[str, dict[str, Any]], image: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5.5))
     colours = {"unguarded": "tab:red", "guarded": "tab:blue", "good": "tab:green", "good-gated": "tab:olive",
                "guarded-restore": "tab:purple",
-               "guarded-restore-unpaced": "tab:orange"}  # fmt: skip
+               "guarded-restore-unpaced": "tab:orange", "unguarded-lora": "tab:brown",
+               "guarded-adapter": "tab:cyan"}  # fmt: skip
     for name, record in records.items():
         timeline = served(record)
         if not timeline:
             continue
         t0 = timeline[0]["at"]
-        steady = [t for t in timeline if t["how"] != "candidate" and t["score"] is not None]
+        steady = [t for t in timeline if t["how"] not in ("candidate", "beside") and t["score"] is not None]
         worse = summary(record)["turns_by_worse_than_margin"]
         share = "" if worse is None else f" ({100 * worse:.0f}% of turns by a version worse than the margin)"
         ax.step([(t["at"] - t0) / 60 for t in steady], [100 * t["score"] for t in steady], where="post",
@@ -311,6 +332,11 @@ def plot(records: dict[str, dict[str, Any]], image: Path) -> None:
         if tried:
             ax.scatter([(t["at"] - t0) / 60 for t in tried], [100 * t["score"] for t in tried], marker="x",
                        color=colours.get(name), label=f"{name}: candidates (served during their check)")  # fmt: skip
+        beside = [t for t in timeline if t["how"] == "beside"]
+        if beside:
+            ax.scatter([(t["at"] - t0) / 60 for t in beside], [100 * t["score"] for t in beside], marker="o",
+                       facecolors="none", color=colours.get(name),
+                       label=f"{name}: candidates (evaluated beside, never served)")  # fmt: skip
         restores = [t for t in timeline if t["how"] == "restored"]
         for t in restores:
             ax.axvline((t["at"] - t0) / 60, color=colours.get(name), linestyle=":", linewidth=1)

@@ -250,12 +250,12 @@ class TrainerLoop:
                 to=to, after=self.version, offsets=_keyed(self.offsets), reason=reason, decided_at=time.time()
             )
         )
-        discarded = self.samples_trained - trained_at
+        discarded, was = self.samples_trained - trained_at, self.at
         self.resume()
         self.since_checkpoint = 0
         log.warning(
             "restored a promoted version",
-            extra={"to": to, "from": self.at, "replaying_steps": len(path), "discarded_samples": discarded},
+            extra={"to": to, "from": was, "replaying_steps": len(path), "discarded_samples": discarded},
         )
         return discarded
 
