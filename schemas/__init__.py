@@ -24,6 +24,13 @@ from schemas.events import (
     Vote,
     WeightsPublished,
 )
+from schemas.ids import (
+    OWNER_SEPARATOR,
+    RECORDED_SESSION_ID_MAX,
+    SESSION_ID_MAX,
+    session_id_problem,
+    user_id_problem,
+)
 from schemas.modes import MODES, ModeSpec, UnknownMode, mode_spec, register_mode
 from schemas.topics import ALL_TOPICS, TopicSpec, normalize_namespace, spec_for, topic_name
 
@@ -31,7 +38,10 @@ __all__ = [
     "ALL_TOPICS",
     "FINISH_REASONS",
     "MODES",
+    "OWNER_SEPARATOR",
+    "RECORDED_SESSION_ID_MAX",
     "SCHEMA_VERSION",
+    "SESSION_ID_MAX",
     "ContractError",
     "DeadLetter",
     "DecodeError",
@@ -61,6 +71,8 @@ __all__ = [
     "mode_spec",
     "normalize_namespace",
     "register_mode",
+    "session_id_problem",
     "spec_for",
     "topic_name",
+    "user_id_problem",
 ]

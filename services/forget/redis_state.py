@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from redis import asyncio as aioredis
 
 SESSION_KEYS = ("turns:", "owner:", "pairer:s:", "pairer:ended:", "disp:s:")
-"""Keys ``<prefix><form><session id>``: the proxy's turn counter and owner, the pairer's open turn and ended
+"""Keys ``<prefix><form><session id>``: the proxy's turn counter and owner (``owner:``, written by proxies before
+sessions lived in their user's namespace), the pairer's open turn and ended
 mark, the dispatcher's session mark. (The data key, ``kafka.seal_keys_prefix``, is destroyed first, apart.)"""
 TURN_KEYS = ("disp:t:", "disp:done:")
 """Keys ``<prefix><form><session id>:<n>``: the dispatcher's joins and decisions, per turn."""

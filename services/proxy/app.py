@@ -29,7 +29,7 @@ from runtime.engine.client import (
     close_engine_pool,
     version_number,
 )
-from runtime.transport.resp import RedisReplyError, command
+from runtime.transport.resp import command
 from runtime.transport.sse import data_batches
 from schemas import SessionEnded
 from services.proxy.adapters import Adapters, with_version, without_adapter
@@ -39,7 +39,14 @@ from services.proxy.continuity import Asked, Continuity, Links, Resolved, Sessio
 from services.proxy.keys import ProxyKeys
 from services.proxy.recorder import TurnRecorder
 from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
-from services.proxy.session import SessionError, SessionInfo, new_session_id, session_info
+from services.proxy.session import (
+    SessionError,
+    SessionInfo,
+    new_session_id,
+    recorded_id,
+    session_info,
+    shown_id,
+)
 from services.proxy.turn_numbers import TurnNumbers
 from services.proxy.turns import (
     DROPPED,
@@ -93,6 +100,8 @@ class Pending:
     chain: Links
     fresh: str
     asked: Asked
+    owner: str
+    """The namespace of the caller's sessions (``recorded_id``): the header shows the id without it."""
     resolved: Resolved | None = None
     done: bool = False
     """``resolved`` is final (None then: Redis did not answer in time)."""
@@ -168,26 +177,6 @@ class ChatProxy:
     def authorized(self, request: Request) -> bool:
         return self.keys.user(request.headers.get("authorization")) is not None
 
-    async def not_owner(self, session_id: str, user: str) -> Response | None:
-        """With per-user keys a session is its first user's: another key can neither add a turn to it nor end it.
-        One Redis round trip before the engine is asked; when Redis cannot say, the request is refused."""
-        try:
-            async with asyncio.timeout(max(self.pc.redis_timeout_ms / 1000, 1.0)):
-                mine = await self.state.turn_numbers.claim(session_id, user)
-        except (OSError, TimeoutError, RedisReplyError):
-            return openai_error(
-                503,
-                "cannot check whose session this is right now; try again",
-                "server_error",
-                "owner_unknown",
-            )
-        if mine:
-            return None
-        REFUSED.labels("not_session_owner").inc()
-        return openai_error(
-            403, f"session {session_id!r} belongs to another user", "permission_error", "session_not_yours"
-        )
-
     def refusal(self) -> Response:
         return openai_error(401, "invalid or missing bearer token", "authentication_error", "invalid_api_key")
 
@@ -247,7 +236,7 @@ class ChatProxy:
                 SessionEnded(session_id=sid, after_turn_index=n, ended_at=time.time(), reason="regenerated")
             )
             REGENERATED.inc()
-        headers["X-Session-Id"] = resolved.session_id
+        headers["X-Session-Id"] = shown_id(pending.owner, resolved.session_id)
         index: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         index.set_result(resolved.turn_index)
         return SessionInfo(resolved.session_id, session.turn_type, session.done), index
@@ -378,13 +367,15 @@ class ChatProxy:
             return openai_error(exc.status, str(exc), "invalid_request_error", exc.code)
         except SessionError as exc:
             return openai_error(400, str(exc), "invalid_request_error", "invalid_session")
+        headers: dict[str, str] = {}
+        owner = ""
         if self.keys.per_user:
             body["user"] = user  # recorded as the key's user, whatever the client wrote
-            if session.session_id is not None and (session.turn_type == "main" or session.done):
-                refused = await self.not_owner(session.session_id, user)
-                if refused is not None:
-                    return refused
-        headers: dict[str, str] = {}
+            owner = user
+        if session.session_id is not None:
+            if session.turn_type == "main":
+                headers["X-Session-Id"] = session.session_id
+            session = SessionInfo(recorded_id(owner, session.session_id), session.turn_type, session.done)
         index: asyncio.Future[int | None] | None = None
         if session.turn_type == "side" and session.done and session.session_id is not None:
             self.end_session(session.session_id)
@@ -412,18 +403,19 @@ class ChatProxy:
                     return openai_error(
                         400, "main turns need X-Session-Id", "invalid_request_error", "missing_session"
                     )
-                fresh = new_session_id()
+                shown = new_session_id()
+                fresh = recorded_id(owner, shown)
                 continuity = self.state.continuity
                 if continuity is not None and not self.state.recorder.deferring:
                     # Which session this continues, resolved beside the engine's work (``settle``).
                     chain = links(request.headers, body)
-                    pending = Pending(chain, fresh, continuity.ask(chain.continues, fresh))
+                    pending = Pending(chain, fresh, continuity.ask(chain.continues, fresh), owner)
                 else:
                     self.watch.count("new")
                 session = SessionInfo(fresh, session.turn_type, session.done)
+                headers["X-Session-Id"] = shown
             else:
                 self.watch.count("explicit")
-            headers["X-Session-Id"] = session.session_id  # type: ignore[assignment]
             # Numbered at arrival (a session's turns are numbered in order) but not waited for here: the Redis
             # round trip overlaps the engine's work instead of adding to the user's latency. While turns served
             # without Redis wait to be numbered, new ones queue behind them (see TurnRecorder.deferring).

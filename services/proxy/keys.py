@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from runtime.security.addresses import is_loopback
+from schemas import user_id_problem
 
 log = logging.getLogger("turnstream.proxy")
 
@@ -45,6 +46,8 @@ def read_keys_file(path: Path) -> dict[bytes, str]:
         if len(parts) != 2 or len(parts[1]) < 16:
             raise KeyFileError(f"{path}:{n}: expected '<user id> <key>' with a key of at least 16 characters")
         user, key = parts
+        if (problem := user_id_problem(user)) is not None:
+            raise KeyFileError(f"{path}:{n}: {problem} (sessions are recorded as '<user id>/<session id>')")
         digest = _digest(key.encode())
         if digest in keys:
             raise KeyFileError(f"{path}:{n}: this key is already given to {keys[digest]!r}")

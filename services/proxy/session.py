@@ -9,6 +9,8 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
+from schemas import OWNER_SEPARATOR, session_id_problem
+
 BODY_FIELDS = ("session_id", "turn_type", "session_done")
 TRUE = {"1", "true", "yes", "on"}
 
@@ -51,12 +53,24 @@ def session_info(headers: Headers, body: dict[str, Any], default_turn_type: str 
     done = _flag(done_raw) if done_raw is not None else (_flag(b_done) if b_done is not None else False)
     if sid is not None:
         sid = sid.strip()
-        # Printable ASCII only: the id goes back as a response header (Latin-1 at most, where anything beyond
-        # ASCII is mis-decoded by clients anyway) and into Kafka keys, Redis keys and console URLs.
-        if not sid or len(sid) > 256 or not (sid.isascii() and sid.isprintable()):
-            raise SessionError("a session id must be 1-256 printable ASCII characters")
+        if (problem := session_id_problem(sid)) is not None:
+            raise SessionError(problem)
     return SessionInfo(sid or None, turn_type, done)
 
 
 def new_session_id() -> str:
     return f"anon-{uuid.uuid4().hex}"
+
+
+def recorded_id(owner: str, session_id: str) -> str:
+    """The id a session is recorded under. With per-user keys every id, named by the client or by the proxy, lives
+    in its user's namespace (``alice/s1``): another key that sends ``s1``, or even ``alice/s1``, names a session of
+    its own, so nobody can write to, end or squat another user's session, nor learn whether it exists. One user
+    (a single key, or none): the id as sent."""
+    return f"{owner}{OWNER_SEPARATOR}{session_id}" if owner else session_id
+
+
+def shown_id(owner: str, recorded: str) -> str:
+    """The id the client knows a recorded session by (``X-Session-Id`` in responses): its namespace taken off."""
+    prefix = f"{owner}{OWNER_SEPARATOR}" if owner else ""
+    return recorded[len(prefix) :] if prefix and recorded.startswith(prefix) else recorded

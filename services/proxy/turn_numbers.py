@@ -19,14 +19,6 @@ _NEXT_SHA = hashlib.sha1(_NEXT).hexdigest().encode()
 
 _CURRENT = b"return tonumber(redis.call('GET', KEYS[1]) or '0')"
 
-# KEYS[1] the session's owner; ARGV[1] the user asking, ARGV[2] the expiry. 1: theirs (now or from before), 0: not.
-_CLAIM = b"""
-local owner = redis.call('GET', KEYS[1])
-if owner and owner ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return 1
-"""
-
 # KEYS[1] the session's counter, KEYS[2] the turn's nonce; ARGV[1] how long the nonce's number is remembered,
 # ARGV[2] the counter's expiry.
 _NUMBER_ONCE = b"""
@@ -47,7 +39,6 @@ class TurnNumbers:
         self.redis = PipelinedRedis(url, connect_timeout_s)
         self.prefix = f"{key_prefix}turns:".encode()
         self.nonce_prefix = f"{key_prefix}turn-nonce:".encode()
-        self.owner_prefix = f"{key_prefix}owner:".encode()
         self.ttl = str(session_ttl_s).encode()
         """Each counter expires this long after its session's last turn (``redis.session_ttl_s``): a session
         nobody continues leaves nothing behind in Redis."""
@@ -61,12 +52,6 @@ class TurnNumbers:
             if "NOSCRIPT" not in str(exc):
                 raise
             return int(await self.redis.send(command(b"EVAL", _NEXT, *args)))
-
-    async def claim(self, session_id: str, user: str) -> bool:
-        """Whether ``user`` may write to the session: it is theirs, or nobody's yet (then it becomes theirs, for as
-        long as its counter lives)."""
-        key = self.owner_prefix + session_id.encode()
-        return bool(await self.redis.send(command(b"EVAL", _CLAIM, b"1", key, user.encode(), self.ttl)))
 
     async def current(self, session_id: str) -> int:
         """The session's last turn number (0 before its first turn). A script, for an integer reply (the only kind

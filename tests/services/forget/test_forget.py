@@ -91,6 +91,7 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
         proxy.proxy.stop()
         proxy.stub.stop()
     turns = await wait_for_turns(kafka, 7)
+    alice, bob = f"alice/{alice}", f"bob/{bob}"  # recorded in each user's namespace
     alices = sorted({t.session_id for t in turns if t.user == "alice"})
     assert len(alices) == 2 and alice in alices and all(t.user == "bob" for t in turns if t.session_id == bob)
 

@@ -1,17 +1,21 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from runtime.configuration.config import Config, KafkaConfig
+from runtime.configuration.config import Config, KafkaConfig, RedisConfig
 from runtime.process.launch import ServiceProcess, free_port
 from schemas import PairedTurn, Turn
 from schemas.topics import TURNS, TURNS_PAIRED
 from tests.kafka_wait import wait_for_events
+from tests.metrics import scraped
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 class ProxyProcess(ServiceProcess):
@@ -74,3 +78,68 @@ async def pair_all(config: Config, expect: int, timeout: float = 60.0) -> list[P
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+class StubProxy:
+    """bench/stub_engine.py behind ``turnstream proxy`` (recording into the test's namespace). ``close`` checks
+    that every main turn served was recorded and that nothing reached the unexpected-error handler."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        redis_config: RedisConfig,
+        tmp_path: Path,
+        stub_args: tuple[str, ...] = (),
+        **env: str,
+    ) -> None:
+        port = free_port()
+        self.stub = ServiceProcess(
+            ["--port", str(port), "--latency-ms", "1", *stub_args],
+            port=port,
+            ready_path="/health",
+            startup_timeout_s=30,
+            program=[sys.executable, str(REPO / "bench/stub_engine.py")],
+        )
+        self.proxy = ProxyProcess(
+            {
+                "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+                "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+                "TURNSTREAM_REDIS_URL": redis_config.url,
+                "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
+                "TURNSTREAM_ENGINE_URL": f"http://127.0.0.1:{port}",
+                "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
+                "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
+                "TURNSTREAM_PROXY_MAX_BODY_BYTES": "65536",
+                **env,
+            }
+        )
+        self.url = self.proxy.url
+        key = env.get("TURNSTREAM_PROXY_API_KEY")
+        self.auth = {"Authorization": f"Bearer {key}"} if key else {}
+
+    def close(self, dropped: int = 0) -> str:
+        """Stop both; returns the proxy's log. Every main turn served was recorded but ``dropped`` (counted)."""
+        try:
+            assert scraped(self.url, "turnstream_proxy_turns_dropped_total", headers=self.auth) == dropped
+        finally:
+            self.proxy.stop()
+            self.stub.stop()
+        log = Path(self.proxy.logfile.name).read_text()
+        assert "Traceback" not in log and "unexpected" not in log.lower(), log[-4000:]
+        return log
+
+
+@pytest.fixture
+def stub_proxy(kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path) -> Iterator[StubProxy]:
+    proxy = StubProxy(kafka, redis_config, tmp_path)
+    yield proxy
+    proxy.close()
+
+
+def check(r: httpx.Response) -> None:
+    """Never a 5xx; an error is OpenAI's shape: {"error": {"message": str, "type": str, "param", "code"}}."""
+    assert r.status_code < 500, (r.status_code, r.text[:500])
+    if r.status_code != 200:
+        error = r.json()["error"]
+        assert isinstance(error["message"], str) and error["message"]
+        assert isinstance(error["type"], str) and "param" in error and "code" in error

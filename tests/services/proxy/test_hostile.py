@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,76 +21,10 @@ from runtime.configuration.config import KafkaConfig, RedisConfig
 from runtime.process.launch import ServiceProcess, free_port
 from schemas import encode
 from tests.metrics import scraped
-from tests.services.proxy.conftest import ProxyProcess, assert_still_serving, wait_for_turns
+from tests.services.proxy.conftest import StubProxy, assert_still_serving, check, wait_for_turns
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-class StubProxy:
-    """bench/stub_engine.py behind ``turnstream proxy`` (recording into the test's namespace). ``close`` checks
-    that every main turn served was recorded and that nothing reached the unexpected-error handler."""
-
-    def __init__(
-        self,
-        kafka: KafkaConfig,
-        redis_config: RedisConfig,
-        tmp_path: Path,
-        stub_args: tuple[str, ...] = (),
-        **env: str,
-    ) -> None:
-        port = free_port()
-        self.stub = ServiceProcess(
-            ["--port", str(port), "--latency-ms", "1", *stub_args],
-            port=port,
-            ready_path="/health",
-            startup_timeout_s=30,
-            program=[sys.executable, str(REPO / "bench/stub_engine.py")],
-        )
-        self.proxy = ProxyProcess(
-            {
-                "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-                "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
-                "TURNSTREAM_REDIS_URL": redis_config.url,
-                "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
-                "TURNSTREAM_ENGINE_URL": f"http://127.0.0.1:{port}",
-                "TURNSTREAM_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
-                "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(tmp_path / "weights"),
-                "TURNSTREAM_PROXY_MAX_BODY_BYTES": "65536",
-                **env,
-            }
-        )
-        self.url = self.proxy.url
-        key = env.get("TURNSTREAM_PROXY_API_KEY")
-        self.auth = {"Authorization": f"Bearer {key}"} if key else {}
-
-    def close(self, dropped: int = 0) -> str:
-        """Stop both; returns the proxy's log. Every main turn served was recorded but ``dropped`` (counted)."""
-        try:
-            assert scraped(self.url, "turnstream_proxy_turns_dropped_total", headers=self.auth) == dropped
-        finally:
-            self.proxy.stop()
-            self.stub.stop()
-        log = Path(self.proxy.logfile.name).read_text()
-        assert "Traceback" not in log and "unexpected" not in log.lower(), log[-4000:]
-        return log
-
-
-@pytest.fixture
-def stub_proxy(kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path) -> Iterator[StubProxy]:
-    proxy = StubProxy(kafka, redis_config, tmp_path)
-    yield proxy
-    proxy.close()
-
-
-def check(r: httpx.Response) -> None:
-    """Never a 5xx; an error is OpenAI's shape: {"error": {"message": str, "type": str, "param", "code"}}."""
-    assert r.status_code < 500, (r.status_code, r.text[:500])
-    if r.status_code != 200:
-        error = r.json()["error"]
-        assert isinstance(error["message"], str) and error["message"]
-        assert isinstance(error["type"], str) and "param" in error and "code" in error
 
 
 def post_raw(proxy: StubProxy, raw: bytes) -> httpx.Response:
@@ -625,20 +558,20 @@ def test_the_proxy_needs_keys_beyond_loopback_and_each_key_names_a_user(
             assert httpx.post(chat, json=body, headers=headers, timeout=30).status_code == 200
             assert httpx.get(proxy.url + "/v1/models", headers=headers, timeout=30).status_code == 200
             assert httpx.get(proxy.url + "/metrics", headers=headers, timeout=30).status_code == 200
-        # A session is the user's whose key started it: another key can neither add to it nor end it.
+        # Every session lives in its user's namespace: the same id sent with another key is another session, so
+        # nobody can add to or end another's session (nor tell whether it exists: issue 42).
         alice = {"Authorization": "Bearer alice-key-0123456789abcdef", "X-Session-Id": "owned"}
         bob = {**alice, "Authorization": "Bearer bob-key-0123456789abcdef"}
         claims = {**body, "user": "mallory"}  # the recorded user is the key's, not what the client writes
         assert httpx.post(chat, json=claims, headers=alice, timeout=30).status_code == 200
         for headers in (bob, {**bob, "X-Turn-Type": "side", "X-Session-Done": "true"}):
             r = httpx.post(chat, json=body, headers=headers, timeout=30)
-            assert r.status_code == 403 and r.json()["error"]["code"] == "session_not_yours", r.text
-        assert httpx.post(chat, json=body, headers=alice, timeout=30).status_code == 200
-        owned = [t for t in asyncio.run(wait_for_turns(kafka, 4)) if t.session_id == "owned"]
-        assert [(t.turn_index, t.user) for t in sorted(owned, key=lambda t: t.turn_index)] == [
-            (1, "alice"),
-            (2, "alice"),
-        ]
+            assert r.status_code == 200, r.text
+        again = httpx.post(chat, json=body, headers=alice, timeout=30)
+        assert again.status_code == 200 and again.headers["x-session-id"] == "owned"
+        turns = asyncio.run(wait_for_turns(kafka, 5))
+        owned = sorted((t.session_id, t.turn_index, t.user) for t in turns if t.session_id.endswith("/owned"))
+        assert owned == [("alice/owned", 1, "alice"), ("alice/owned", 2, "alice"), ("bob/owned", 1, "bob")]
     finally:
         proxy.proxy.stop()
         proxy.stub.stop()
