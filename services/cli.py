@@ -467,6 +467,7 @@ def _proxy(config: Config, args: argparse.Namespace) -> int:
         body_timeout_s=proxy.body_timeout_s,
         max_head_bytes=proxy.max_head_bytes,
         max_connections=proxy.max_connections,
+        max_connections_per_address=proxy.max_connections_per_address,
     )
     return 0
 

@@ -205,8 +205,13 @@ class ProxyConfig(_Section):
     max_head_bytes: PositiveInt = 64 * 1024
     """The largest request head: more is a 431 and the connection closes."""
     max_connections: PositiveInt = 1024
-    """Open client connections beyond this are closed at once (counted in
-    ``turnstream_http_connections_refused_total{reason="connection_limit"}``)."""
+    """Open client connections at most: past it the connection that has waited longest for a request head is
+    closed to make room (``reason="evicted"``), or, when every one is busy with a request, the new one is refused
+    (``turnstream_http_connections_refused_total{reason="connection_limit"}``)."""
+    max_connections_per_address: NonNegInt = 256
+    """Open connections from one client address at most, made room for the same way (its own longest-waiting one
+    closes first), so that one address cannot hold them all. 0: no cap per address; set it so behind a load
+    balancer or reverse proxy, where every client comes from its address."""
     spool_dir: str = ""
     """Durable local spool every turn passes through before Kafka; empty: under the cache directory."""
     spool_max_bytes: NonNegInt = 0

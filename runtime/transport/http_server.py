@@ -53,6 +53,7 @@ def serve(
     body_timeout_s: float = Limits.body_timeout_s,
     max_head_bytes: int = Limits.max_head_bytes,
     max_connections: int = Limits.max_connections,
+    max_connections_per_address: int = Limits.max_connections_per_address,
     **options: Any,
 ) -> None:
     """``uvicorn.run(app, **options)`` for a single process, on ``LeanServer`` and with the limits of
@@ -63,6 +64,7 @@ def serve(
         body_timeout_s=body_timeout_s,
         max_head_bytes=max_head_bytes,
         max_connections=max_connections,
+        max_connections_per_address=max_connections_per_address,
         impl=options.pop("http", "auto"),
     )
     config = uvicorn.Config(app, http=http, **options)

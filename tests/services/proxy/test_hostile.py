@@ -5,6 +5,7 @@ error has OpenAI's shape, nothing reaches the unexpected-error handler, and it k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -392,12 +393,107 @@ async def test_half_sent_requests_are_closed_and_real_ones_still_served(
         proxy.close()
 
 
+async def _hoard(host: str, port: int, count: int, source: str) -> list[asyncio.StreamWriter]:
+    """``count`` connections from ``source`` that never send a byte."""
+    held = []
+    for _ in range(count):
+        _, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+        held.append(writer)
+    return held
+
+
+async def _served(url: str, requests: int) -> int:
+    """How many of ``requests`` plain chat requests, each on a new connection from 127.0.0.1, get a 200."""
+    ok = 0
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    for i in range(requests):
+        async with httpx.AsyncClient(timeout=10) as client:
+            with contextlib.suppress(httpx.TransportError):
+                r = await client.post(url + "/v1/chat/completions", json=body, headers={"X-Session-Id": f"v{i}"})
+                ok += r.status_code == 200
+    return ok
+
+
+@pytest.mark.parametrize("per_address", [16, 0], ids=["per-address-cap", "total-cap-only"])
+async def test_one_address_hoarding_idle_connections_locks_nobody_out(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path, per_address: int
+) -> None:
+    """Issue 42, finding 3: 1,030 idle connections from one address (no key needed) reset 38 of 40 other
+    clients' requests, because the global connection cap was checked before anything else. Now a new connection
+    past a cap closes the connection that has waited longest for a request head (of the hoarding address), so
+    with the per-address cap, and with the total cap alone (behind a load balancer), every other client's
+    request is served while one address keeps opening more idle connections than the proxy allows in all."""
+    proxy = StubProxy(
+        kafka,
+        redis_config,
+        tmp_path,
+        TURNSTREAM_PROXY_MAX_CONNECTIONS="32",
+        TURNSTREAM_PROXY_MAX_CONNECTIONS_PER_ADDRESS=str(per_address),
+        TURNSTREAM_PROXY_HEAD_TIMEOUT_S="60",
+    )
+    host, port = _host_port(proxy.url)
+    hoarded: list[asyncio.StreamWriter] = []
+    try:
+        hoarded += await _hoard(host, port, 40, "127.0.0.2")  # more than the proxy takes in all
+        served = await _served(proxy.url, 20)
+        hoarded += await _hoard(host, port, 40, "127.0.0.2")  # and again, between requests
+        served += await _served(proxy.url, 20)
+        assert served == 40
+        evicted = scraped(proxy.url, "turnstream_http_connections_refused_total", reason="evicted")
+        assert evicted >= 80 - (per_address or 32), evicted
+    finally:
+        for w in hoarded:
+            w.close()
+        proxy.close()
+
+
+async def test_a_head_that_completes_on_a_later_read_counts_whole(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Issue 42, finding 4: a 70 KB head was served, because bytes were counted only while the head was
+    incomplete and the read that completed it was not counted. Now every read counts up to the head's end: a head
+    sent in pieces whose last piece completes it is a 431 as a whole one is; a head just under the limit followed
+    by its body in the same read is served."""
+    proxy = StubProxy(kafka, redis_config, tmp_path, TURNSTREAM_PROXY_MAX_HEAD_BYTES="16384")
+    host, port = _host_port(proxy.url)
+    try:
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+        for junk, pieces, status in ((20_000, 2, b"431"), (70_000, 3, b"431"), (15_000, 1, b"200")):
+            head = (
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nX-Junk: %s\r\n\r\n" % (len(body), b"a" * junk)
+            )
+            reader, writer = await asyncio.open_connection(host, port)
+            step = len(head) // pieces + 1
+            with contextlib.suppress(ConnectionError):  # refused mid-head: the rest goes nowhere
+                for i in range(0, len(head), step):
+                    writer.write(head[i : i + step] + (body if i + step >= len(head) else b""))
+                    await writer.drain()
+                    await asyncio.sleep(0.2)  # each piece its own read
+            if status == b"431":  # the answer, unless the pieces sent after it reset the connection first
+                try:
+                    answer = await _closed_by_peer(reader, 5)
+                except ConnectionError:
+                    answer = b""
+                assert answer is not None and (answer == b"" or answer.startswith(b"HTTP/1.1 431")), answer
+            else:
+                answer = await reader.read(400)
+                assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+            writer.close()
+        assert scraped(proxy.url, "turnstream_http_connections_refused_total", reason="head_too_large") == 2
+        assert_still_serving(proxy.url)
+    finally:
+        proxy.close()
+
+
 async def test_connections_past_the_limit_are_refused_and_messages_capped(
     kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
 ) -> None:
     """Issue 32, item 7: no connection limit, and half a million empty messages parsed on the event loop. Beyond
-    ``proxy.max_connections`` a connection is closed at once (counted); more than ``proxy.max_messages`` messages
-    is a 400 naming the limit; a large body is parsed off the event loop and still answered."""
+    ``proxy.max_connections`` connections all busy with a request, a new one is closed at once (counted; idle ones
+    would be closed to make room instead: ``test_one_address_hoarding_idle_connections_locks_nobody_out``); more
+    than ``proxy.max_messages`` messages is a 400 naming the limit; a large body is parsed off the event loop and
+    still answered."""
     proxy = StubProxy(
         kafka,
         redis_config,
@@ -409,6 +505,10 @@ async def test_connections_past_the_limit_are_refused_and_messages_capped(
     host, port = _host_port(proxy.url)
     try:
         held = [await asyncio.open_connection(host, port) for _ in range(8)]
+        for _, w in held:  # each busy with a request whose body is still coming
+            w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            await w.drain()
+        await asyncio.sleep(0.3)
         reader, writer = await asyncio.open_connection(host, port)
         assert await _closed_by_peer(reader, 3) == b""  # aborted: nothing sent, closed at once
         writer.close()
