@@ -90,15 +90,19 @@ def create_app(
         rows = await read(queries.sessions, q, outcome, user)
         return html(pages.sessions(rows, await read(queries.users), q, outcome, user))
 
-    @app.get("/sessions/{session_id}", response_class=HTMLResponse)
-    async def session(session_id: str) -> HTMLResponse:
+    # ``:path``: an id may hold ``/`` (``alice/s1`` under per-user keys), which the server has decoded from %2F;
+    # an empty one is a dot-only id sent as ``?id=`` (``pages.link``).
+    @app.get("/sessions/{session_id:path}", response_class=HTMLResponse)
+    async def session(session_id: str, id: str = "") -> HTMLResponse:
+        session_id = session_id or id
         turns = await read(queries.session, session_id)
         if turns is None:
             return html(pages.not_found(f"No session {session_id!r} is recorded."), 404)
         return html(pages.session(session_id, turns))
 
-    @app.get("/turns/{turn_id}", response_class=HTMLResponse)
-    async def turn(turn_id: str) -> HTMLResponse:
+    @app.get("/turns/{turn_id:path}", response_class=HTMLResponse)
+    async def turn(turn_id: str, id: str = "") -> HTMLResponse:
+        turn_id = turn_id or id
         data = await read(queries.turn, turn_id)
         if data is None:
             return html(pages.not_found(f"No turn {turn_id!r} is recorded."), 404)
@@ -118,8 +122,9 @@ def create_app(
     async def api_sessions(q: str = "", outcome: str = "", user: str = "") -> Any:
         return await read(queries.sessions, q, outcome, user)
 
-    @app.get("/api/turns/{turn_id}")
-    async def api_turn(turn_id: str) -> Any:
+    @app.get("/api/turns/{turn_id:path}")
+    async def api_turn(turn_id: str, id: str = "") -> Any:
+        turn_id = turn_id or id
         data = await read(queries.turn, turn_id)
         if data is None:
             return JSONResponse({"error": {"message": f"no turn {turn_id!r}", "type": "not_found"}}, 404)

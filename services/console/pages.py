@@ -35,6 +35,15 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def link(kind: str, ident: str) -> str:
+    """The page of a session or turn (``kind``: ``sessions`` or ``turns``), for any id the proxy accepts: the id
+    percent-encoded as one path segment (``/``, ``?``, ``#`` and ``%`` included), or, for ids a browser would
+    resolve as a dot segment (``.``, ``..``), a query."""
+    if ident.strip(".") == "" and ident:
+        return f"/{kind}/?id={quote(ident, safe='')}"
+    return f"/{kind}/{quote(ident, safe='')}"
+
+
 def page(title: str, body: str, *, refresh_s: int | None = None) -> str:
     nav = "".join(f'<a href="{href}">{name}</a>' for href, name in NAV)
     meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
@@ -256,7 +265,7 @@ def sessions(
     )
     body = [
         [
-            f'<a href="/sessions/{quote(r["session_id"], safe="")}">{esc(r["session_id"])}</a>',
+            f'<a href="{link("sessions", r["session_id"])}">{esc(r["session_id"])}</a>',
             esc(r["user"]),
             f'<span class="num">{r["turns"]}</span>',
             when(r["last_at"]),
@@ -275,7 +284,7 @@ def sessions(
 def session(session_id: str, turns: Sequence[dict[str, Any]]) -> str:
     body = [
         [
-            f'<a href="/turns/{quote(t["turn_id"], safe="")}">{t["turn_index"]}</a>',
+            f'<a href="{link("turns", t["turn_id"])}">{t["turn_index"]}</a>',
             when(t["created_at"]),
             f"v{t['weight_version']}",
             esc(_text(t["response"].get("content"))[:160]),
@@ -325,7 +334,7 @@ def heat_map(tokens: Sequence[str], gaps: Sequence[float]) -> str:
 
 def turn(data: dict[str, Any], token_text: Callable[[list[int]], list[str]]) -> str:
     parts = [
-        f'<p class="muted">session <a href="/sessions/{quote(data["session_id"], safe="")}">'
+        f'<p class="muted">session <a href="{link("sessions", data["session_id"])}">'
         f"{esc(data['session_id'])}</a> · turn {data['turn_index']} · {when(data['created_at'])} · answered by "
         f"v{data['weight_version']}</p>",
         "<h2>Request</h2>",

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from schemas import Message, PairedTurn, ToolCall, Turn
+from schemas import RECORDED_SESSION_ID_MAX, Message, PairedTurn, ToolCall, Turn, session_id_problem
 
 Format = Literal["turns", "openclaw"]
 
@@ -65,19 +65,32 @@ _any_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
 def parse_line(number: int, line: bytes) -> Turn | OpenClawRecord:
-    """A line in either format (told apart by its fields), validated; ``BadLine`` says what is wrong."""
+    """A line in either format (told apart by its fields), validated; ``BadLine`` says what is wrong. Session ids
+    follow the proxy's rules (``schemas/ids.py``): an import cannot bring in a session the proxy would refuse."""
     try:
         fields = _any_decoder.decode(line)
+        record: Turn | OpenClawRecord
         if "turn_id" in fields:
-            return _turn_decoder.decode(line)
-        if "session_id" in fields and "turn" in fields:
+            record = _turn_decoder.decode(line)
+            if record.turn_id != f"{record.session_id}:{record.turn_index}":
+                raise BadLine(number, "turn_id must be '<session_id>:<turn_index>'")
+        elif "session_id" in fields and "turn" in fields:
             record = _openclaw_decoder.decode(line)
             if not record.messages:
                 raise BadLine(number, "messages must not be empty")
-            return record
+        else:
+            raise BadLine(
+                number, "neither a turnstream Turn (turn_id) nor an OpenClaw record (session_id, turn)"
+            )
+    except BadLine:
+        raise
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
         raise BadLine(number, str(exc)) from None
-    raise BadLine(number, "neither a turnstream Turn (turn_id) nor an OpenClaw record (session_id, turn)")
+    except RecursionError:
+        raise BadLine(number, "nested too deeply") from None
+    if (problem := session_id_problem(record.session_id, RECORDED_SESSION_ID_MAX)) is not None:
+        raise BadLine(number, problem)
+    return record
 
 
 def read_jsonl(path: str) -> tuple[list[Turn | OpenClawRecord], list[BadLine]]:

@@ -268,3 +268,26 @@ async def test_the_versions_page_shows_the_gates_decisions_and_what_is_served(tm
     assert api["recent"][3]["failed_checks"][0]["name"] == "heldout:plain-short"
     assert {v: r["state"] for v, r in rows.items()} == {1: "promoted", 2: "rejected", 3: "rejected"}
     assert rows[2]["reason"] == "1 check failed" and rows[1]["serving"] is True
+
+
+async def test_every_session_id_the_proxy_accepts_opens(tmp_path: Path) -> None:
+    """Issue 42: a session id with ``/`` (every id under per-user keys: ``alice/s1``) was a 404. The links the
+    pages write open the session and its turns for any printable ASCII id, ``..`` and ``?#%`` included."""
+    import html
+
+    ids = ["alice/s1", "bob/anon-1/x", "a?b#c%d&e", "..", ".", "sp ace", "x:1", "<b>"]
+    db_path = tmp_path / "console.sqlite3"
+    db = connect(db_path)
+    for sid in ids:
+        apply(db, events(sid))
+    async with client(db_path) as http:
+        listing = (await http.get("/sessions")).text
+        for sid in ids:
+            href = re.search(rf'<a href="([^"]+)">{re.escape(html.escape(sid))}</a>', listing)
+            assert href is not None, sid
+            page = await http.get(html.unescape(href.group(1)))
+            assert page.status_code == 200 and f"<title>Session {html.escape(sid)} " in page.text, (sid, href)
+            turn = re.search(r'<a href="(/turns/[^"]+)">1</a>', page.text)
+            assert turn is not None, sid
+            opened = await http.get(html.unescape(turn.group(1)))
+            assert opened.status_code == 200 and html.escape(sid) in opened.text, (sid, turn.group(1))

@@ -103,9 +103,16 @@ async def test_export_and_import_round_trip_exactly(
         recorded, key=lambda t: t.turn_id
     )  # every field, token ids and log-probs included
 
-    # A bad line refuses the whole import and says where; --skip-bad imports the rest and lists it.
+    # A bad line refuses the whole import and says where; --skip-bad imports the rest and lists it. Bad too
+    # (issue 42): a line nested 5,000 deep (it ended the import in a RecursionError), a session id the proxy
+    # refuses, a turn_id that does not name its session and turn.
+    deep = b'{"turn_id": "x:1", "session_id": "x", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    first = json.loads(lines[0])
+    foreign = json.dumps({**first, "session_id": "caf\u00e9", "turn_id": "caf\u00e9:1"}).encode()
+    mismatched = json.dumps({**first, "turn_id": "someone-else:1"}).encode()
     broken = tmp_path / "broken.jsonl"
-    broken.write_bytes(lines[0] + b"\n" + b'{"turn_id": "x:1", "session_id": "x"}\n' + lines[1] + b"\n")
+    bad = [b'{"turn_id": "x:1", "session_id": "x"}', deep, foreign, mismatched]
+    broken.write_bytes(b"\n".join([lines[0], *bad, lines[1]]) + b"\n")
     second = other_namespace(kafka, "imported2")
     r = cli("import", "--input", str(broken), "--into", second.namespace, kafka=kafka, redis=redis_config)
     assert r.returncode == 2 and "line 2" in r.stderr and "Traceback" not in r.stderr
@@ -120,7 +127,9 @@ async def test_export_and_import_round_trip_exactly(
         redis=redis_config,
     )
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["bad_lines"][0].startswith("line 2")
+    listed = json.loads(r.stdout)["bad_lines"]
+    assert [x.split(":")[0] for x in listed] == ["line 2", "line 3", "line 4", "line 5"], listed
+    assert "nested too deeply" in listed[1] and "printable ASCII" in listed[2] and "turn_id" in listed[3]
     assert sorted(t.turn_id for t in await turns_of(second)) == ["a:1", "a:2"]
 
 
