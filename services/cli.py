@@ -235,6 +235,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds between destroying the keys and the rest (default: kafka.seal_keys_cache_s + 1)",
     )
+    forget.add_argument(
+        "--fence-days",
+        type=float,
+        default=30.0,
+        help="how long nothing may be written for the sessions again: new turns under their ids are refused "
+        "(HTTP 410) and records on their way dropped (default 30; 0: no fence)",
+    )
 
     _replay_parser(sub)
     return p
@@ -260,6 +267,7 @@ def _forget(config: Config, args: argparse.Namespace) -> int:
                 delete_rows=sqlite_rows(forget_sessions),
                 count_rows=sqlite_rows(session_rows),
                 wait_s=args.wait,
+                fence_s=round(args.fence_days * 86400),
             )
         )
     except ValueError as exc:

@@ -196,6 +196,21 @@ class ProxyConfig(_Section):
     max_messages: PositiveInt = 10_000
     """The most messages one request may hold: more is a 400 (a body of half a million empty messages is cheap to
     send and dear to check)."""
+    max_values: PositiveInt = 200_000
+    """The most JSON values and keys one request body may hold (an empty array or object counts twice), counted
+    from its bytes before anything is decoded: more is a 400 ``too_many_values``. What a body costs is its values,
+    not its bytes (8 MiB of ``[],`` is 2.8 million lists); a long agent conversation holds tens of thousands."""
+    max_extra_bytes: PositiveInt = 64 * 1024
+    """The most bytes a request may hold in fields SGLang's chat API does not read (``metadata``, a client's own
+    extras): they are forwarded, and more is a 413 ``extra_fields_too_large`` naming the largest."""
+    max_requests_per_key: PositiveInt = 256
+    """Requests one key may have in flight at once (each holds a connection): more is a 429 with Retry-After, so
+    one key holder cannot take every connection or the engine's whole queue."""
+    large_body_bytes: PositiveInt = 1024 * 1024
+    """A body larger than this is large: a key may send only ``large_bodies_per_key`` at once."""
+    large_bodies_per_key: PositiveInt = 2
+    """Large bodies one key may have in flight at once: one more is a 429 with Retry-After before its body is
+    read, so one key cannot fill the proxy's memory with bodies being read and parsed."""
     head_timeout_s: PositiveFloat = 10.0
     """A request's head (request line and headers) must arrive within this of the connection opening or of the
     previous response ending, else the connection is closed (``runtime/transport/guard.py``): a client that

@@ -35,12 +35,14 @@ from runtime.configuration.config import KafkaConfig
 from runtime.observability.metrics import (
     CONSUMED,
     DEADLETTERED,
+    FORGOTTEN,
     HANDLER_ERRORS,
     LAG,
     PRODUCED,
     PRODUCERS_RENEWED,
 )
 from runtime.security.erasure.envelope import is_sealed
+from runtime.security.erasure.keys import SessionForgotten
 from runtime.security.erasure.sealing import open_value, seal_value
 from schemas import DeadLetter, DecodeError, Event, TopicSpec, decode, encode
 from schemas.topics import DEADLETTER, MAX_MESSAGE_BYTES, RECORD_OVERHEAD_BYTES
@@ -211,18 +213,26 @@ class EventProducer:
                 f"topic {spec.base!r} carries {spec.event_type.__name__}, not {type(event).__name__}"
             )
 
-    async def send(self, spec: TopicSpec, event: Event, key: str | bytes | None) -> RecordMetadata:
-        """Produce one event and wait until the broker acknowledged it (all in-sync replicas)."""
+    async def send(self, spec: TopicSpec, event: Event, key: str | bytes | None) -> RecordMetadata | None:
+        """Produce one event and wait until the broker acknowledged it (all in-sync replicas). None: the record's
+        session was forgotten and is fenced, so it was not written (counted)."""
         fut = await self.send_nowait(spec, event, key)
         return await fut
 
     async def send_nowait(
         self, spec: TopicSpec, event: Event, key: str | bytes | None
     ) -> asyncio.Future[Any]:
-        """Queue one event; the returned future resolves when it is acknowledged. For batching."""
+        """Queue one event; the returned future resolves when it is acknowledged (at once, to None, for a fenced
+        session's record, which is not written). For batching."""
         self._check(spec, event)
         key_bytes = _key_bytes(key)
-        value = await seal_value(self.kafka, spec, key_bytes, encode(event))
+        try:
+            value = await seal_value(self.kafka, spec, key_bytes, encode(event))
+        except SessionForgotten:
+            FORGOTTEN.labels(self.topic(spec)).inc()
+            skipped: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            skipped.set_result(None)
+            return skipped
         return await self.send_raw_nowait(self.topic(spec), value, key_bytes)
 
     async def send_raw(self, topic: str, value: bytes, key: bytes | None = None) -> RecordMetadata:

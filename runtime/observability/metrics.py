@@ -17,7 +17,7 @@ PRODUCERS_RENEWED = Counter(
 )
 FORGOTTEN = Counter(
     "turnstream_bus_forgotten_total",
-    "Sealed records skipped because their session was forgotten (its key destroyed)",
+    "Records of forgotten sessions skipped: read (their key destroyed), or not written (the session fenced)",
     ["topic"],
 )
 DEADLETTERED = Counter(

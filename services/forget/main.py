@@ -2,7 +2,9 @@
 then read everything back and report what is left.
 
 In order: the data keys go first (every sealed record of the sessions, in every topic, namespace, dead letter and
-copy of the log, is unreadable from then on); then, once every process's cached copy of those keys has expired
+copy of the log, is unreadable from then on), each session fenced in the same step for ``fence_s`` (no writer can
+make it a new key: a turn on its way is dropped, a new turn under its id refused, rather than written again
+readable); then, once every process's cached copy of those keys has expired
 (``kafka.seal_keys_cache_s``), the Redis state and the console projections, which a process holding a key could
 otherwise have written again; then the proof. Redis is asked to rewrite its append-only file, so the deleted
 values leave its disk too.
@@ -62,6 +64,7 @@ async def forget(
     delete_rows: Rows,
     count_rows: Rows,
     wait_s: float | None = None,
+    fence_s: int = 30 * 86400,
 ) -> Report:
     if user:
         sessions = sessions | await sessions_of_user(config.kafka, user, namespaces)
@@ -70,7 +73,7 @@ async def forget(
         raise ValueError(
             "kafka.seal is off: records are not sealed, so they cannot be erased by destroying keys"
         )
-    destroyed = await keys.destroy(sorted(sessions))
+    destroyed = await keys.destroy(sorted(sessions), fence_s)
     log.info("keys destroyed", extra={"sessions": len(sessions), "destroyed": destroyed})
     await asyncio.sleep(config.kafka.seal_keys_cache_s + 1 if wait_s is None else wait_s)
     r = aioredis.from_url(config.redis.url)

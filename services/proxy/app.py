@@ -29,6 +29,8 @@ from runtime.engine.client import (
     close_engine_pool,
     version_number,
 )
+from runtime.security.erasure.keys import SessionForgotten
+from runtime.security.erasure.sealing import session_keys
 from runtime.transport.resp import command
 from runtime.transport.sse import data_batches
 from schemas import SessionEnded
@@ -37,6 +39,7 @@ from services.proxy.additions import client_wants, strip_response, strip_stream_
 from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
 from services.proxy.continuity import Asked, Continuity, Links, Resolved, SessionWatch, answered, links
 from services.proxy.keys import ProxyKeys
+from services.proxy.per_key import LIMITED, PerKey
 from services.proxy.recorder import TurnRecorder
 from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
 from services.proxy.session import (
@@ -47,7 +50,7 @@ from services.proxy.session import (
     session_info,
     shown_id,
 )
-from services.proxy.turn_numbers import TurnNumbers
+from services.proxy.turn_numbers import FENCED, TurnNumbers
 from services.proxy.turns import (
     DROPPED,
     REFUSED,
@@ -57,7 +60,14 @@ from services.proxy.turns import (
     build_turn,
     modified_logits,
 )
-from services.proxy.validation import PARSE_IN_THREAD_BYTES, BadInput, parse_chat, read_body
+from services.proxy.validation import (
+    PARSE_IN_THREAD_BYTES,
+    BadInput,
+    BodyLimits,
+    parse_chat,
+    read_body,
+    too_many_large,
+)
 from services.proxy.versions import ServedVersions
 
 log = logging.getLogger("turnstream.proxy")
@@ -118,6 +128,22 @@ def _link_stored(sent: asyncio.Future[Any]) -> None:
         log.warning("storing a conversation link failed", extra={"error": repr(sent.exception())})
 
 
+@dataclass(frozen=True)
+class Fence:
+    """A session's forgotten check in flight (``ChatProxy.fence_check``)."""
+
+    check: asyncio.Future[Any]
+    """The session's turn number (``FENCED``), or its data key (``SessionForgotten``)."""
+    shown: str
+    """The id the client knows the session by."""
+
+
+def _retrieved(check: asyncio.Future[Any]) -> None:
+    """A check nobody waited for still has its outcome read (no 'exception never retrieved')."""
+    if not check.cancelled():
+        check.exception()
+
+
 @dataclass
 class ProxyState:
     config: Config
@@ -149,6 +175,9 @@ class ChatProxy:
         self._state = state
         self.watch = SessionWatch()
         self.side_models = frozenset(self.pc.side_models)
+        self.body_limits = BodyLimits(self.pc.max_messages, self.pc.max_values, self.pc.max_extra_bytes)
+        self.in_flight = PerKey(self.pc.max_requests_per_key)
+        self.large_bodies = PerKey(self.pc.large_bodies_per_key)
 
     @property
     def state(self) -> ProxyState:
@@ -176,6 +205,44 @@ class ChatProxy:
 
     def authorized(self, request: Request) -> bool:
         return self.keys.user(request.headers.get("authorization")) is not None
+
+    def fence_check(
+        self, session_id: str, shown: str, index: asyncio.Future[int | None] | None
+    ) -> Fence | None:
+        """Whether a session named by its client was forgotten (``turnstream forget`` fences it), asked beside the
+        engine's work: the answer is waited for only before the response goes out. Where the data keys share the
+        turn numbers' Redis, the numbering answers it (``FENCED``) at no extra cost; else the session's data key
+        is made or fetched, which the recorder needs anyway (then from this process's cache)."""
+        if self.state.turn_numbers.fences is not None:
+            return Fence(index, shown) if index is not None else None
+        store = session_keys(self.config.kafka)
+        if store is None:  # sealing off: nothing to forget by
+            return None
+        check = asyncio.ensure_future(store.for_writing(session_id))
+        check.add_done_callback(_retrieved)
+        return Fence(check, shown)
+
+    async def forgotten(self, fence: Fence) -> Response | None:
+        """A 410 when the session is fenced; None when it is not, or when Redis cannot say in time (the recorder
+        asks again, and drops the turn, counted, if it is)."""
+        check = fence.check
+        if not check.done():
+            await asyncio.wait((check,), timeout=self.pc.redis_timeout_ms / 1000)
+        if not check.done() or check.cancelled():
+            return None
+        if check.exception() is not None:
+            if not isinstance(check.exception(), SessionForgotten):
+                return None
+        elif check.result() != FENCED:
+            return None
+        REFUSED.labels("session_forgotten").inc()
+        return openai_error(
+            410,
+            f"session {fence.shown!r} was erased (turnstream forget) and cannot be written to again for a while; "
+            "start a new session",
+            "invalid_request_error",
+            "session_forgotten",
+        )
 
     def refusal(self) -> Response:
         return openai_error(401, "invalid or missing bearer token", "authentication_error", "invalid_api_key")
@@ -311,6 +378,9 @@ class ChatProxy:
             return
         # No number (Redis unreachable, now or when the request came): recorded unnumbered, numbered on publishing.
         index = index_task.result() if index_task is not None else None
+        if index == FENCED:  # forgotten, and Redis said so only after the answer went out: never recorded
+            DROPPED.labels("session_forgotten").inc()
+            return
 
         def build() -> None:
             assert session.session_id is not None
@@ -346,12 +416,29 @@ class ChatProxy:
         user = self.keys.user(request.headers.get("authorization"))
         if user is None:
             return self.refusal()
+        if not self.in_flight.take(user, request.scope):
+            LIMITED.labels("requests").inc()
+            return openai_error(
+                429,
+                f"this key already has {self.pc.max_requests_per_key} requests in flight; try again when one "
+                "has finished",
+                "requests",
+                "rate_limit_exceeded",
+                headers={"Retry-After": "1"},
+            )
+
+        def take_large() -> BadInput | None:
+            if self.large_bodies.take(user, request.scope):
+                return None
+            LIMITED.labels("large_bodies").inc()
+            return too_many_large(self.pc.large_bodies_per_key, self.pc.large_body_bytes)
+
         try:
-            raw_body = await read_body(request, self.pc.max_body_bytes)
+            raw_body = await read_body(request, self.pc.max_body_bytes, self.pc.large_body_bytes, take_large)
             if len(raw_body) > PARSE_IN_THREAD_BYTES:
-                body = await asyncio.to_thread(parse_chat, raw_body, self.pc.max_messages)
+                body = await asyncio.to_thread(parse_chat, raw_body, self.body_limits)
             else:
-                body = parse_chat(raw_body, self.pc.max_messages)
+                body = parse_chat(raw_body, self.body_limits)
             untagged = "side" if body.get("model") in self.side_models else self.pc.default_turn_type
             session = session_info(request.headers, body, untagged)
             if session.turn_type == "main" and len(raw_body) > self.pc.max_turn_bytes:
@@ -364,7 +451,7 @@ class ChatProxy:
                     "turn_too_large",
                 )
         except BadInput as exc:
-            return openai_error(exc.status, str(exc), "invalid_request_error", exc.code)
+            return openai_error(exc.status, str(exc), exc.err_type, exc.code, headers=exc.headers)
         except SessionError as exc:
             return openai_error(400, str(exc), "invalid_request_error", "invalid_session")
         headers: dict[str, str] = {}
@@ -372,6 +459,7 @@ class ChatProxy:
         if self.keys.per_user:
             body["user"] = user  # recorded as the key's user, whatever the client wrote
             owner = user
+        explicit = session.session_id is not None
         if session.session_id is not None:
             if session.turn_type == "main":
                 headers["X-Session-Id"] = session.session_id
@@ -387,6 +475,7 @@ class ChatProxy:
                 "invalid_value",
             )
         pending: Pending | None = None
+        fence: Fence | None = None
         if session.turn_type == "main":
             if self.pc.spool_full == "refuse" and self.state.recorder.full:
                 REFUSED.labels("spool_full").inc()
@@ -421,6 +510,8 @@ class ChatProxy:
             # without Redis wait to be numbered, new ones queue behind them (see TurnRecorder.deferring).
             if pending is None and not self.state.recorder.deferring:
                 index = asyncio.create_task(self.next_turn_index(session.session_id))  # type: ignore[arg-type]
+            if explicit:
+                fence = self.fence_check(session.session_id, headers["X-Session-Id"], index)  # type: ignore[arg-type]
         stream = bool(body.get("stream"))
         # What the client would get from SGLang itself: the proxy's own additions are taken out again.
         wants = client_wants(body, request.headers)
@@ -440,7 +531,7 @@ class ChatProxy:
         leased = self.route(forward)
         if stream:
             return await self._stream(
-                request, session, index, body, forward, wants, headers, created, leased, pending
+                request, session, index, body, forward, wants, headers, created, leased, pending, fence
             )
         main = session.turn_type == "main"
         sent = time.perf_counter()
@@ -455,6 +546,8 @@ class ChatProxy:
             return engine_failure(exc, session.turn_type, "false", headers)
         finally:
             self.unroute(leased)
+        if fence is not None and (refused := await self.forgotten(fence)) is not None:
+            return refused
         if pending is not None:
             session, index = await self.settle(session, pending, headers)
             self.link(pending, session, _answer(data))
@@ -577,6 +670,7 @@ class ChatProxy:
         created: float,
         leased: int | None = None,
         pending: Pending | None = None,
+        fence: Fence | None = None,
     ) -> Response:
         try:
             upstream = await self.state.engine.open_chat_stream(forward)
@@ -588,6 +682,10 @@ class ChatProxy:
         except BaseException:  # cancelled (shutdown), or a bug: the lease still goes back
             self.unroute(leased)
             raise
+        if fence is not None and (refused := await self.forgotten(fence)) is not None:
+            self.unroute(leased)
+            await upstream.aclose()
+            return refused
         try:
             return await self._relay(
                 upstream, session, index, forward, wants, headers, created, leased, pending
@@ -776,8 +874,13 @@ async def build_state(config: Config) -> ProxyState:
         retries=config.engine.retries,
     )
     spool_dir = Path(pc.spool_dir) if pc.spool_dir else cache_dir() / "spool" / f"proxy-{pc.port}"
+    # Where the data keys live in the turn numbers' Redis (the default), numbering also checks the erasure fence.
+    same_redis = config.kafka.seal_keys_url and config.kafka.seal_keys_url == config.redis.url
     turn_numbers = TurnNumbers(
-        config.redis.url, config.redis.key_prefix, session_ttl_s=config.redis.session_ttl_s
+        config.redis.url,
+        config.redis.key_prefix,
+        session_ttl_s=config.redis.session_ttl_s,
+        fences=config.kafka.seal_keys_prefix.encode() if same_redis else None,
     )
     recorder = TurnRecorder(
         config.kafka,

@@ -14,6 +14,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from services.proxy.per_key import give_back
+
 log = logging.getLogger("turnstream.proxy")
 
 _json_encoder = msgspec.json.Encoder()
@@ -113,8 +115,11 @@ class ChatFirst:
             await self.app(scope, receive, send)
             return
         try:
-            response = await self.chat(Request(scope, receive))
-        except Exception:
-            log.exception("unexpected error")
-            response = openai_error(500, "internal error in the proxy", "internal_error")
-        await response(scope, receive, send)
+            try:
+                response = await self.chat(Request(scope, receive))
+            except Exception:
+                log.exception("unexpected error")
+                response = openai_error(500, "internal error in the proxy", "internal_error")
+            await response(scope, receive, send)
+        finally:  # what the request took of its key's caps, once its response has ended
+            give_back(scope)

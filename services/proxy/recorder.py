@@ -29,6 +29,8 @@ from prometheus_client import Counter, Gauge
 
 from runtime.configuration.config import KafkaConfig
 from runtime.messaging.bus import EventProducer
+from runtime.observability.metrics import FORGOTTEN
+from runtime.security.erasure.keys import SessionForgotten
 from runtime.security.erasure.sealing import prefetch_keys, seal_value
 from schemas import SessionEnded, Turn, decode, encode
 from schemas.topics import MAX_TURN_BYTES, SESSIONS_ENDED, TURNS
@@ -310,6 +312,9 @@ class TurnRecorder:
                     futures.append(
                         await self._producer.send_raw_nowait(ends if session_end else topic, value, key)
                     )
+                except SessionForgotten:  # forgotten while on its way: never written, counted, let go
+                    FORGOTTEN.labels(ends if session_end else topic).inc()
+                    futures.append(_done())
                 except Exception as exc:
                     futures.append(_failed(exc))
             results = await asyncio.gather(*futures, return_exceptions=True)
@@ -380,6 +385,12 @@ class TurnRecorder:
                 await self._producer.stop()
         if self.spool is not None:
             self.spool.close()
+
+
+def _done() -> asyncio.Future[None]:
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    fut.set_result(None)
+    return fut
 
 
 def _failed(exc: BaseException) -> asyncio.Future[None]:

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import hashlib
 
+from runtime.security.erasure.keys import fence_name
 from runtime.transport.resp import PipelinedRedis, RedisReplyError, command
 
-# KEYS[1] the session's counter; ARGV[1] how long it outlives the session's last turn.
-_NEXT = b"local n = redis.call('INCR', KEYS[1]) redis.call('EXPIRE', KEYS[1], ARGV[1]) return n"
+# KEYS[1] the session's counter, KEYS[2] its erasure fence ('' when not checked here); ARGV[1] how long the counter
+# outlives the session's last turn. -1: the session was forgotten (no counter is made for it).
+_NEXT = b"""
+if KEYS[2] ~= '' and redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+local n = redis.call('INCR', KEYS[1]) redis.call('EXPIRE', KEYS[1], ARGV[1]) return n
+"""
 _NEXT_SHA = hashlib.sha1(_NEXT).hexdigest().encode()
+FENCED = -1
+"""``next``'s answer for a session ``turnstream forget`` fenced."""
 
 _CURRENT = b"return tonumber(redis.call('GET', KEYS[1]) or '0')"
 
@@ -34,9 +41,18 @@ NONCE_TTL_S = 30 * 86400
 
 class TurnNumbers:
     def __init__(
-        self, url: str, key_prefix: str, connect_timeout_s: float = 5.0, *, session_ttl_s: int = 30 * 86400
+        self,
+        url: str,
+        key_prefix: str,
+        connect_timeout_s: float = 5.0,
+        *,
+        session_ttl_s: int = 30 * 86400,
+        fences: bytes | None = None,
     ) -> None:
         self.redis = PipelinedRedis(url, connect_timeout_s)
+        self.fences = fences
+        """The data keys' prefix when their Redis is this one: ``next`` then also says whether the session is
+        fenced (``FENCED``), in the same script, at no extra round trip."""
         self.prefix = f"{key_prefix}turns:".encode()
         self.nonce_prefix = f"{key_prefix}turn-nonce:".encode()
         self.ttl = str(session_ttl_s).encode()
@@ -44,8 +60,10 @@ class TurnNumbers:
         nobody continues leaves nothing behind in Redis."""
 
     async def next(self, session_id: str) -> int:
-        """The session's next turn number (1 for its first turn); the counter's expiry starts again."""
-        args = (b"1", self.prefix + session_id.encode(), self.ttl)
+        """The session's next turn number (1 for its first turn); the counter's expiry starts again. ``FENCED`` for
+        a forgotten session (when ``fences`` is set)."""
+        fence = fence_name(self.fences, session_id) if self.fences is not None else b""
+        args = (b"2", self.prefix + session_id.encode(), fence, self.ttl)
         try:
             return int(await self.redis.send(command(b"EVALSHA", _NEXT_SHA, *args)))
         except RedisReplyError as exc:

@@ -4,6 +4,7 @@ record."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -11,8 +12,38 @@ from starlette.requests import ClientDisconnect, Request
 
 from runtime.engine.chat_template import for_engine
 from schemas import Message
+from services.proxy.json_budget import json_values
 
 _json_decoder = msgspec.json.Decoder()
+_fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+ENGINE_FIELDS = frozenset(
+    """bootstrap_host bootstrap_port bootstrap_room cache_salt chat_template_kwargs continue_final_message
+    custom_logit_processor custom_params data_parallel_rank disagg_prefill_dp_rank ebnf extra_key frequency_penalty
+    ignore_eos images_config input_ids logit_bias logprobs lora_path max_completion_tokens max_dynamic_patch
+    max_tokens messages min_dynamic_patch min_p min_tokens mm_processor_kwargs model n no_stop_trim
+    parallel_tool_calls presence_penalty priority reasoning_effort regex repetition_penalty response_format
+    return_cached_tokens_details return_flat_raw_output_top_logprobs return_flat_raw_top_logprobs_b64
+    return_hidden_states return_input_ids_in_sglext return_meta_info return_output_ids_in_sglext
+    return_prompt_token_ids return_routed_experts return_sampling_mask return_spec_tokens_details return_token_ids rid
+    routed_dp_rank routed_experts_start_len sampling_logprobs_mode seed separate_reasoning session_id session_params
+    skip_special_tokens stop stop_regex stop_token_ids stream stream_options stream_reasoning task temperature thinking
+    tool_choice tools top_k top_logprobs top_p use_audio_in_video user video_config watermark""".split()
+)
+"""The fields of SGLang 0.5.23's ``ChatCompletionRequest`` (checked against its class by
+tests/contract/test_sglang_contract.py). Any other field is one the engine ignores: together they may hold at most
+``proxy.max_extra_bytes``."""
+TURNSTREAM_FIELDS = frozenset({"turn_type", "session_done"})
+"""The proxy's own (``services/proxy/session.py``; ``session_id`` is SGLang's too), taken out before the engine."""
+
+
+class BodyLimits(msgspec.Struct, frozen=True):
+    """What one request body may hold beyond its size (``proxy.*``)."""
+
+    max_messages: int = 10_000
+    max_values: int = 200_000
+    max_extra_bytes: int = 64 * 1024
+
 
 PARSE_IN_THREAD_BYTES = 512 * 1024
 """Bodies larger than this are parsed off the event loop. Text-heavy chats parse at ~3 GB/s (1 ms for 3 MiB), but
@@ -21,18 +52,55 @@ below this size even that is a few milliseconds, and a thread hop costs more tha
 
 
 class BadInput(Exception):
-    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str = "invalid_request",
+        err_type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.err_type = err_type
+        self.headers = headers
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def too_many_large(cap: int, large: int) -> BadInput:
+    """The 429 (OpenAI's rate-limit shape) for a key at its cap of large bodies in flight."""
+    return BadInput(
+        429,
+        f"this key already has {cap} requests of more than {large} bytes in flight; try again when one has "
+        "finished",
+        "rate_limit_exceeded",
+        "requests",
+        {
+            "Retry-After": "1",
+            "Connection": "close",
+        },  # the body is not wanted: the connection stops reading it
+    )
+
+
+async def read_body(
+    request: Request, limit: int, large: int = 0, take_large: Callable[[], BadInput | None] | None = None
+) -> bytes:
+    """The whole body, at most ``limit`` bytes. A body past ``large`` bytes takes one of its key's large-body
+    slots (``take_large()``: the refusal when none is left) before more of it is read: from the declared length
+    at once, from the bytes read for a body sent in chunks."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BadInput(
-            413, f"request body of {declared} bytes exceeds the limit of {limit}", "request_too_large"
+            413,
+            f"request body of {declared} bytes exceeds the limit of {limit}",
+            "request_too_large",
+            headers={"Connection": "close"},
         )
+    taken = take_large is None
+    if take_large is not None and declared is not None and declared.isdigit() and int(declared) > large:
+        if (refused := take_large()) is not None:
+            raise refused
+        taken = True
     chunks: list[bytes] = []
     size = 0
     try:
@@ -40,6 +108,10 @@ async def read_body(request: Request, limit: int) -> bytes:
             size += len(chunk)
             if size > limit:
                 raise BadInput(413, f"request body exceeds the limit of {limit} bytes", "request_too_large")
+            if not taken and take_large is not None and size > large:
+                if (refused := take_large()) is not None:
+                    raise refused
+                taken = True
             chunks.append(chunk)
     except ClientDisconnect:  # gone, or cut off by the body deadline (runtime/transport/guard.py)
         raise BadInput(
@@ -81,15 +153,55 @@ def _check_sampling(name: str, value: object) -> None:
         raise BadInput(400, "'top_k' must be -1 (the whole vocabulary) or at least 1, got 0", "invalid_value")
 
 
-def parse_chat(raw: bytes, max_messages: int = 10_000) -> dict[str, Any]:
+def _decoded(raw: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
     try:
-        body = _json_decoder.decode(raw)
+        return decoder.decode(raw)
+    except (
+        msgspec.ValidationError
+    ) as exc:  # the fields' decoder: not an object (the other: a number too large)
+        if decoder is _fields_decoder:
+            raise BadInput(400, "the body must be a JSON object") from None
+        raise BadInput(400, f"the body is not valid JSON: {exc}") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # invalid UTF-8 surfaces as UnicodeDecodeError
         raise BadInput(400, f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise BadInput(400, "the body is not valid JSON: nested too deeply") from None
+
+
+def _bounded(raw: bytes, limits: BodyLimits) -> None:
+    """Refuse, before anything is decoded, a body holding more values than any chat needs, or more bytes in fields
+    the engine ignores than ``max_extra_bytes``: either is work for the proxy that serves nobody."""
+    values = json_values(raw, limits.max_values)
+    if values > limits.max_values:
+        raise BadInput(
+            400,
+            f"the body holds more than {limits.max_values} JSON values and keys ({values} counted): no chat "
+            "request needs that many",
+            "too_many_values",
+        )
+    if len(raw) <= limits.max_extra_bytes:
+        return
+    fields = _decoded(raw, _fields_decoder)  # each value skipped as bytes, nothing built
+    extra = {k: len(v) for k, v in fields.items() if k not in ENGINE_FIELDS and k not in TURNSTREAM_FIELDS}
+    if sum(extra.values()) > limits.max_extra_bytes:
+        largest = ", ".join(repr(k) for k in sorted(extra, key=extra.__getitem__, reverse=True)[:3])
+        raise BadInput(
+            413,
+            f"fields the model engine does not read ({largest}) hold {sum(extra.values())} bytes, more than the "
+            f"limit of {limits.max_extra_bytes}",
+            "extra_fields_too_large",
+        )
+
+
+DEFAULT_LIMITS = BodyLimits()
+
+
+def parse_chat(raw: bytes, limits: BodyLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    _bounded(raw, limits)
+    body = _decoded(raw, _json_decoder)
     if not isinstance(body, dict):
         raise BadInput(400, "the body must be a JSON object")
+    max_messages = limits.max_messages
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadInput(400, "'messages' must be a non-empty array of messages")

@@ -699,3 +699,23 @@ def test_stub_judge_answers_are_sglangs(checked: Checked) -> None:
     assert [m["id"] for m in facts["judge models"]] == ["stub-judge"]
     cut = facts["judge cut"]["choices"][0]
     assert cut["finish_reason"] == "length" and len(cut["logprobs"]["content"]) == 2
+
+
+def test_the_fields_the_proxy_counts_as_the_engines_are_sglangs() -> None:
+    """``proxy.max_extra_bytes`` bounds the fields SGLang's chat API does not read: the proxy's list of the fields
+    it does read (``ENGINE_FIELDS``) is exactly its ``ChatCompletionRequest``'s, so no field SGLang uses is ever
+    refused as extra, and the list is updated with the pinned version."""
+    from services.proxy.validation import ENGINE_FIELDS
+
+    if not SGLANG_PYTHON.exists():
+        pytest.fail(f"{SGLANG_PYTHON} does not exist: create it with `bash scripts/setup-sglang.sh`")
+    read = (
+        "import json; from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest as R; "
+        "print(json.dumps(sorted(R.model_fields)))"
+    )
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(STANDIN), "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(
+        [str(SGLANG_PYTHON), "-c", read], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert set(json.loads(out.stdout.splitlines()[-1])) == ENGINE_FIELDS

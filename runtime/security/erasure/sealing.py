@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from runtime.configuration.config import KafkaConfig
 from runtime.observability.metrics import FORGOTTEN
 from runtime.security.erasure.envelope import Unreadable, is_sealed, key_id, seal, sealed_key_id, unseal
-from runtime.security.erasure.keys import SessionKeys
+from runtime.security.erasure.keys import SessionForgotten, SessionKeys
 from runtime.transport.resp import PipelinedRedis
 from schemas import DecodeError, TopicSpec
 
@@ -42,7 +42,8 @@ def session_keys(kafka: KafkaConfig) -> SessionKeys | None:
 
 async def seal_value(kafka: KafkaConfig, spec: TopicSpec, key: bytes | None, value: bytes) -> bytes:
     """``value`` as it goes to ``spec``'s topic under record ``key``: sealed when the topic is private, sealing is
-    on and the record has a key (its session); else as it is."""
+    on and the record has a key (its session); else as it is. ``SessionForgotten`` for a fenced session's record:
+    the writer drops it, counted (``turnstream_bus_forgotten_total``)."""
     store = session_keys(kafka) if spec.private and key else None
     if store is None or key is None:
         return value
@@ -52,11 +53,14 @@ async def seal_value(kafka: KafkaConfig, spec: TopicSpec, key: bytes | None, val
 
 async def prefetch_keys(kafka: KafkaConfig, spec: TopicSpec, keys: Iterable[bytes | None]) -> None:
     """Make or fetch the keys a batch for ``spec`` will be sealed under, all at once: one pipelined burst to Redis
-    instead of a round trip per new session as each record is sealed."""
+    instead of a round trip per new session as each record is sealed (a fenced session's record then finds out
+    when it is sealed)."""
     store = session_keys(kafka) if spec.private else None
     if store is not None:
         sessions = {k.decode("utf-8", "surrogateescape") for k in keys if k}
-        await asyncio.gather(*(store.for_writing(s) for s in sessions))
+        for result in await asyncio.gather(*(store.for_writing(s) for s in sessions), return_exceptions=True):
+            if isinstance(result, BaseException) and not isinstance(result, SessionForgotten):
+                raise result
 
 
 async def open_value(kafka: KafkaConfig, topic: str, key: bytes | None, value: bytes) -> bytes | None:

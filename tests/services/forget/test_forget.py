@@ -21,12 +21,13 @@ from runtime.configuration.config import Config, KafkaConfig, RedisConfig
 from runtime.messaging.bus import EventProducer, read_topic
 from runtime.messaging.topics import create_topics, list_topic_names
 from runtime.security.erasure.sealing import seal_value
+from schemas.topics import SESSIONS_ENDED as TURNS_ENDED
 from schemas.topics import TURNS
 from services.console.feed import follow
 from services.console.projection import connect, session_rows
 from services.forget.topics import private_topics, raw_records
-from tests.services.proxy.conftest import pair_all, wait_for_turns
-from tests.services.proxy.test_hostile import StubProxy
+from tests.metrics import scraped
+from tests.services.proxy.conftest import StubProxy, pair_all, wait_for_turns
 
 pytestmark = pytest.mark.integration
 
@@ -174,3 +175,76 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
     assert session_rows(db, set(alices)) == 0 and session_rows(db, {bob}) >= 2
     db.close()
     assert all(SECRET.encode() not in p.read_bytes() for p in projection.parent.glob("live.sqlite3*"))
+
+
+@pytest.mark.parametrize(
+    "keys_apart", [False, True], ids=["keys-beside-turn-numbers", "keys-in-their-own-redis"]
+)
+async def test_a_forgotten_session_is_fenced_so_nothing_comes_back_readable(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path, keys_apart: bool
+) -> None:
+    """Issue 42: a turn written while ``turnstream forget`` ran came back readable under a fresh key (the report
+    said ``erased: false``, but nothing stopped it). Now forgetting fences the session in the same step as its key
+    goes: a turn that was still in the proxy's spool is dropped when it is published (counted), a new turn under
+    the id is a 410 ``session_forgotten`` (streamed too), a record any service writes for it is not written
+    (counted), and once the fence expires the id starts a new session under a new key. The proxy learns of the
+    fence from its turn numbering when the data keys share that Redis, else from the keys' own (the same server
+    named apart here, as a deployment with a Redis of its own for the keys would)."""
+    from services.forget.main import forget
+
+    if keys_apart:
+        kafka = msgspec.structs.replace(
+            kafka, seal_keys_url=redis_config.url.replace("127.0.0.1", "localhost")
+        )
+
+    proxy = StubProxy(
+        kafka,
+        redis_config,
+        tmp_path,
+        TURNSTREAM_PROXY_SPOOL_LINGER_MS="4000",  # the turn is still on its way while forget runs
+        TURNSTREAM_KAFKA_SEAL_KEYS_CACHE_S="1",
+        TURNSTREAM_KAFKA_SEAL_KEYS_URL=kafka.seal_keys_url,
+    )
+    url, sid = proxy.url + "/v1/chat/completions", f"fenced-{uuid.uuid4().hex[:8]}"
+    body = {"messages": [{"role": "user", "content": SECRET}], "max_tokens": 2}
+    try:
+        assert httpx.post(url, json=body, headers={"X-Session-Id": sid}, timeout=30).status_code == 200
+        config = Config(kafka=kafka, redis=redis_config)
+        assert config.kafka.seal_keys_url != config.redis.url or not keys_apart
+        report = await forget(
+            config,
+            {sid},
+            namespaces=[kafka.namespace],
+            projections=[],
+            delete_rows=lambda *_: 0,
+            count_rows=lambda *_: 0,
+            wait_s=1.5,
+            fence_s=8,
+        )
+        assert report.sessions == [sid]  # its key made by now, or not yet (the turn still in the spool)
+        for stream in (False, True):
+            r = httpx.post(url, json={**body, "stream": stream}, headers={"X-Session-Id": sid}, timeout=30)
+            assert r.status_code == 410 and r.json()["error"]["code"] == "session_forgotten", r.text
+            assert sid in r.json()["error"]["message"]
+        async with EventProducer(kafka) as producer:  # any service's write for it, e.g. the pairer's end
+            from schemas import SessionEnded
+
+            assert (
+                await producer.send(
+                    TURNS_ENDED, SessionEnded(session_id=sid, after_turn_index=1, ended_at=1.0), sid
+                )
+                is None
+            )
+        await asyncio.sleep(4)  # the spooled turn's publish: dropped
+        forgotten = scraped(proxy.url, "turnstream_bus_forgotten_total", topic=TURNS.name(kafka.namespace))
+        assert forgotten == 1
+        fresh = msgspec.structs.replace(kafka, seal_keys_cache_s=0.25)
+        assert [e async for e in read_topic(fresh, TURNS) if e.event.session_id == sid] == []
+        assert [e async for e in read_topic(fresh, TURNS_ENDED) if e.event.session_id == sid] == []
+        # The fence expires: the id is a new session, readable under its new key.
+        await asyncio.sleep(6)
+        assert httpx.post(url, json=body, headers={"X-Session-Id": sid}, timeout=30).status_code == 200
+        turns = await wait_for_turns(fresh, 1, timeout=30)
+        assert [t.session_id for t in turns] == [sid]
+    finally:
+        proxy.close()

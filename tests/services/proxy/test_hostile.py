@@ -27,7 +27,6 @@ from tests.services.proxy.conftest import StubProxy, assert_still_serving, check
 pytestmark = pytest.mark.integration
 
 
-
 def post_raw(proxy: StubProxy, raw: bytes) -> httpx.Response:
     """The bytes as a chat request body, exactly as given."""
     return httpx.post(
@@ -409,7 +408,9 @@ async def _served(url: str, requests: int) -> int:
     for i in range(requests):
         async with httpx.AsyncClient(timeout=10) as client:
             with contextlib.suppress(httpx.TransportError):
-                r = await client.post(url + "/v1/chat/completions", json=body, headers={"X-Session-Id": f"v{i}"})
+                r = await client.post(
+                    url + "/v1/chat/completions", json=body, headers={"X-Session-Id": f"v{i}"}
+                )
                 ok += r.status_code == 200
     return ok
 
@@ -531,6 +532,109 @@ async def test_connections_past_the_limit_are_refused_and_messages_capped(
         assert_still_serving(proxy.url)
         turns = await wait_for_turns(kafka, 2)  # this one and assert_still_serving's
         assert "big" in {t.session_id for t in turns}
+    finally:
+        proxy.close()
+
+
+def test_bodies_holding_more_than_a_chat_needs_are_refused_before_they_are_decoded(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Issue 42, finding 2: a side request's ``metadata`` array of empty lists was decoded whole (8 MiB: 170 MB
+    of Python objects) and re-encoded for the engine. Now the values a body holds are counted from its bytes
+    first (more than ``proxy.max_values`` is a 400), and fields SGLang does not read may hold at most
+    ``proxy.max_extra_bytes`` (a 413 naming them); text full of commas is not mistaken for values."""
+    proxy = StubProxy(
+        kafka,
+        redis_config,
+        tmp_path,
+        TURNSTREAM_PROXY_MAX_VALUES="1000",
+        TURNSTREAM_PROXY_MAX_EXTRA_BYTES="4096",
+        TURNSTREAM_PROXY_MAX_BODY_BYTES=str(1024 * 1024),
+    )
+    base = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1'
+    side = {"X-Turn-Type": "side", "content-type": "application/json"}
+    try:
+        cases = [
+            (base + b', "metadata": [' + b"[]," * 5000 + b"[]]}", 400, "too_many_values", "more than 1000"),
+            (base + b', "metadata": [' + b'"",' * 5000 + b'""]}', 400, "too_many_values", "more than 1000"),
+            (base + b', "tools": [{"a": [' + b"{}," * 5000 + b"{}]}]}", 400, "too_many_values", ""),
+            (base + b', "metadata": "' + b"x" * 10_000 + b'"}', 413, "extra_fields_too_large", "'metadata'"),
+        ]
+        for raw, status, code, needle in cases:
+            r = httpx.post(proxy.url + "/v1/chat/completions", content=raw, headers=side, timeout=30)
+            check(r)
+            assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text[:300]
+            assert needle in r.json()["error"]["message"]
+        # A CSV of 100k commas in a message, and small extras, are served.
+        csv = ",".join(str(i % 10) for i in range(100_000))
+        ok = {
+            "messages": [{"role": "user", "content": csv}],
+            "max_tokens": 1,
+            "metadata": {"trace": "x" * 1000},
+        }
+        r = httpx.post(
+            proxy.url + "/v1/chat/completions", json=ok, headers={"X-Session-Id": "csv"}, timeout=30
+        )
+        assert r.status_code == 200, r.text[:300]
+        assert_still_serving(proxy.url)
+    finally:
+        proxy.close()
+
+
+async def test_one_key_cannot_take_more_than_its_share(
+    kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
+) -> None:
+    """Issue 42, finding 2 (and finding 3's keys): a key may have only ``proxy.large_bodies_per_key`` bodies over
+    ``proxy.large_body_bytes``, and ``proxy.max_requests_per_key`` requests, in flight; one more is a 429 with
+    Retry-After (OpenAI's rate-limit shape) before its body is read, while another key is served, and the slots
+    come back when the responses end (streamed or not)."""
+    keys = tmp_path / "keys"
+    alice, bob = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
+    keys.write_text(f"alice {alice}\nbob {bob}\n")
+    keys.chmod(0o600)
+    proxy = StubProxy(
+        kafka,
+        redis_config,
+        tmp_path,
+        stub_args=("--latency-ms", "1500"),
+        TURNSTREAM_PROXY_KEYS_FILE=str(keys),
+        TURNSTREAM_PROXY_LARGE_BODY_BYTES="10000",
+        TURNSTREAM_PROXY_LARGE_BODIES_PER_KEY="2",
+        TURNSTREAM_PROXY_MAX_REQUESTS_PER_KEY="4",
+    )
+    proxy.auth = {"Authorization": f"Bearer {alice}"}
+    large = {"messages": [{"role": "user", "content": "x" * 20_000}], "max_tokens": 1}
+    small = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+    async def post(http: httpx.AsyncClient, key: str, body: dict[str, Any], stream: bool = False) -> Any:
+        headers = {"Authorization": f"Bearer {key}", "X-Turn-Type": "side"}
+        r = await http.post(
+            proxy.url + "/v1/chat/completions", json={**body, "stream": stream}, headers=headers
+        )
+        return (
+            r.status_code,
+            r.headers.get("retry-after"),
+            r.json()["error"]["code"] if r.status_code != 200 else "",
+        )
+
+    try:
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=50)) as http:
+            got = await asyncio.gather(
+                *(post(http, alice, large, stream=bool(i % 2)) for i in range(3)), post(http, bob, large)
+            )
+            assert sorted(got[:3]) == [(200, None, ""), (200, None, ""), (429, "1", "rate_limit_exceeded")], (
+                got
+            )
+            assert got[3] == (200, None, "")
+            got = await asyncio.gather(*(post(http, alice, small) for _ in range(5)), post(http, bob, small))
+            assert sorted(got[:5]) == [(200, None, "")] * 4 + [(429, "1", "rate_limit_exceeded")], got
+            assert got[5] == (200, None, "")
+            # Every slot came back: the same again is served the same way.
+            got = await asyncio.gather(*(post(http, alice, large) for _ in range(2)))
+            assert got == [(200, None, "")] * 2
+        limited = "turnstream_proxy_key_limited_total"
+        assert scraped(proxy.url, limited, headers=proxy.auth, cap="large_bodies") == 1
+        assert scraped(proxy.url, limited, headers=proxy.auth, cap="requests") == 1
     finally:
         proxy.close()
 

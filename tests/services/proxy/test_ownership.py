@@ -92,7 +92,7 @@ async def test_an_inferred_session_cannot_be_joined_ended_or_taken_by_another_us
     # Bob's end closed his session, not hers; erasing Bob would take none of hers.
     ended = await wait_for_events(kafka, SESSIONS_ENDED, lambda e: len(e) >= 1, timeout=20)
     assert [e.session_id for e in ended if isinstance(e, SessionEnded)] == [f"bob/{sid}"]
-    assert await sessions_of_user(kafka, "bob", None) == {f"bob/{sid}", f"bob/alice/{sid}"}
+    assert await sessions_of_user(kafka, "bob", [kafka.namespace]) == {f"bob/{sid}", f"bob/alice/{sid}"}
 
 
 async def test_an_explicit_id_cannot_be_squatted_nor_probed(
