@@ -207,10 +207,13 @@ class ProxyConfig(_Section):
     """Requests one key may have in flight at once (each holds a connection): more is a 429 with Retry-After, so
     one key holder cannot take every connection or the engine's whole queue."""
     large_body_bytes: PositiveInt = 1024 * 1024
-    """A body larger than this is large: a key may send only ``large_bodies_per_key`` at once."""
+    """A body larger than this is large (and so is one of more than 20,000 JSON values, dear to decode): a key may
+    send only ``large_bodies_per_key`` at once."""
     large_bodies_per_key: PositiveInt = 2
-    """Large bodies one key may have in flight at once: one more is a 429 with Retry-After before its body is
-    read, so one key cannot fill the proxy's memory with bodies being read and parsed."""
+    """Large bodies one key may have in flight at once: one more is a 429 with Retry-After (before its body is read
+    when its length says it is large), so one key cannot fill the proxy's memory and time with bodies being read
+    and parsed. With one key shared by many people, raise it, or give each a key of their own
+    (``keys_file``)."""
     head_timeout_s: PositiveFloat = 10.0
     """A request's head (request line and headers) must arrive within this of the connection opening or of the
     previous response ending, else the connection is closed (``runtime/transport/guard.py``): a client that

@@ -61,9 +61,11 @@ from services.proxy.turns import (
     modified_logits,
 )
 from services.proxy.validation import (
+    HEAVY_VALUES,
     PARSE_IN_THREAD_BYTES,
     BadInput,
     BodyLimits,
+    count_values,
     parse_chat,
     read_body,
     too_many_large,
@@ -435,10 +437,14 @@ class ChatProxy:
 
         try:
             raw_body = await read_body(request, self.pc.max_body_bytes, self.pc.large_body_bytes, take_large)
-            if len(raw_body) > PARSE_IN_THREAD_BYTES:
-                body = await asyncio.to_thread(parse_chat, raw_body, self.body_limits)
+            values = count_values(raw_body, self.body_limits)  # before anything is decoded
+            if len(raw_body) > PARSE_IN_THREAD_BYTES or values > HEAVY_VALUES:
+                if values > HEAVY_VALUES and len(raw_body) <= self.pc.large_body_bytes:
+                    if (busy := take_large()) is not None:  # heavy by its values: a large body's slot too
+                        raise busy
+                body = await asyncio.to_thread(parse_chat, raw_body, self.body_limits, True)
             else:
-                body = parse_chat(raw_body, self.body_limits)
+                body = parse_chat(raw_body, self.body_limits, True)
             untagged = "side" if body.get("model") in self.side_models else self.pc.default_turn_type
             session = session_info(request.headers, body, untagged)
             if session.turn_type == "main" and len(raw_body) > self.pc.max_turn_bytes:

@@ -47,8 +47,12 @@ class BodyLimits(msgspec.Struct, frozen=True):
 
 PARSE_IN_THREAD_BYTES = 512 * 1024
 """Bodies larger than this are parsed off the event loop. Text-heavy chats parse at ~3 GB/s (1 ms for 3 MiB), but
-a body of tiny objects is ~100 times slower (8 MiB of empty messages: 0.7-0.9 s, every stream stalled meanwhile);
-below this size even that is a few milliseconds, and a thread hop costs more than it saves."""
+a body of tiny objects is ~100 times slower; below this size and ``HEAVY_VALUES`` a parse is a few milliseconds,
+and a thread hop costs more than it saves."""
+HEAVY_VALUES = 20_000
+"""A body holding more values than this (a few milliseconds to decode) is parsed off the event loop and takes one
+of its key's large-body slots (``proxy.large_bodies_per_key``) like a body over ``proxy.large_body_bytes``: 600 KB
+of tiny values decode for tens of milliseconds."""
 
 
 class BadInput(Exception):
@@ -168,9 +172,9 @@ def _decoded(raw: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
         raise BadInput(400, "the body is not valid JSON: nested too deeply") from None
 
 
-def _bounded(raw: bytes, limits: BodyLimits) -> None:
-    """Refuse, before anything is decoded, a body holding more values than any chat needs, or more bytes in fields
-    the engine ignores than ``max_extra_bytes``: either is work for the proxy that serves nobody."""
+def count_values(raw: bytes, limits: BodyLimits) -> int:
+    """The body's values and keys (``json_values``), counted before anything is decoded; a body holding more than
+    any chat needs is refused: work for the proxy that serves nobody."""
     values = json_values(raw, limits.max_values)
     if values > limits.max_values:
         raise BadInput(
@@ -179,6 +183,11 @@ def _bounded(raw: bytes, limits: BodyLimits) -> None:
             "request needs that many",
             "too_many_values",
         )
+    return values
+
+
+def _check_extras(raw: bytes, limits: BodyLimits) -> None:
+    """Refuse a body holding more bytes in fields the engine ignores than ``max_extra_bytes``."""
     if len(raw) <= limits.max_extra_bytes:
         return
     fields = _decoded(raw, _fields_decoder)  # each value skipped as bytes, nothing built
@@ -196,8 +205,11 @@ def _bounded(raw: bytes, limits: BodyLimits) -> None:
 DEFAULT_LIMITS = BodyLimits()
 
 
-def parse_chat(raw: bytes, limits: BodyLimits = DEFAULT_LIMITS) -> dict[str, Any]:
-    _bounded(raw, limits)
+def parse_chat(raw: bytes, limits: BodyLimits = DEFAULT_LIMITS, counted: bool = False) -> dict[str, Any]:
+    """The body, checked; ``counted``: ``count_values`` has passed it already."""
+    if not counted:
+        count_values(raw, limits)
+    _check_extras(raw, limits)
     body = _decoded(raw, _json_decoder)
     if not isinstance(body, dict):
         raise BadInput(400, "the body must be a JSON object")

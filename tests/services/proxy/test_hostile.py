@@ -585,8 +585,9 @@ async def test_one_key_cannot_take_more_than_its_share(
     kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
 ) -> None:
     """Issue 42, finding 2 (and finding 3's keys): a key may have only ``proxy.large_bodies_per_key`` bodies over
-    ``proxy.large_body_bytes``, and ``proxy.max_requests_per_key`` requests, in flight; one more is a 429 with
-    Retry-After (OpenAI's rate-limit shape) before its body is read, while another key is served, and the slots
+    ``proxy.large_body_bytes`` (or of more than 20,000 values, whatever their size), and
+    ``proxy.max_requests_per_key`` requests, in flight; one more is a 429 with Retry-After (OpenAI's rate-limit
+    shape), before its body is read when its length says it is large, while another key is served, and the slots
     come back when the responses end (streamed or not)."""
     keys = tmp_path / "keys"
     alice, bob = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
@@ -598,12 +599,15 @@ async def test_one_key_cannot_take_more_than_its_share(
         tmp_path,
         stub_args=("--latency-ms", "1500"),
         TURNSTREAM_PROXY_KEYS_FILE=str(keys),
-        TURNSTREAM_PROXY_LARGE_BODY_BYTES="10000",
+        TURNSTREAM_PROXY_LARGE_BODY_BYTES="200000",
         TURNSTREAM_PROXY_LARGE_BODIES_PER_KEY="2",
         TURNSTREAM_PROXY_MAX_REQUESTS_PER_KEY="4",
+        TURNSTREAM_PROXY_MAX_BODY_BYTES=str(1024 * 1024),
     )
     proxy.auth = {"Authorization": f"Bearer {alice}"}
-    large = {"messages": [{"role": "user", "content": "x" * 20_000}], "max_tokens": 1}
+    large = {"messages": [{"role": "user", "content": "x" * 300_000}], "max_tokens": 1}
+    parts = [{"type": "text", "text": ""}] * 5000  # 25,000 values in 150 KB: large by what it costs to decode
+    heavy = {"messages": [{"role": "user", "content": parts}], "max_tokens": 1}
     small = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
     async def post(http: httpx.AsyncClient, key: str, body: dict[str, Any], stream: bool = False) -> Any:
@@ -619,13 +623,14 @@ async def test_one_key_cannot_take_more_than_its_share(
 
     try:
         async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=50)) as http:
-            got = await asyncio.gather(
-                *(post(http, alice, large, stream=bool(i % 2)) for i in range(3)), post(http, bob, large)
-            )
-            assert sorted(got[:3]) == [(200, None, ""), (200, None, ""), (429, "1", "rate_limit_exceeded")], (
-                got
-            )
-            assert got[3] == (200, None, "")
+            refused = (429, "1", "rate_limit_exceeded")
+            for bodies in ([large, large, large], [large, heavy, large]):
+                got = await asyncio.gather(
+                    *(post(http, alice, b, stream=bool(i % 2)) for i, b in enumerate(bodies)),
+                    post(http, bob, large),
+                )
+                assert sorted(got[:3]) == [(200, None, ""), (200, None, ""), refused], got
+                assert got[3] == (200, None, "")
             got = await asyncio.gather(*(post(http, alice, small) for _ in range(5)), post(http, bob, small))
             assert sorted(got[:5]) == [(200, None, "")] * 4 + [(429, "1", "rate_limit_exceeded")], got
             assert got[5] == (200, None, "")
@@ -633,7 +638,7 @@ async def test_one_key_cannot_take_more_than_its_share(
             got = await asyncio.gather(*(post(http, alice, large) for _ in range(2)))
             assert got == [(200, None, "")] * 2
         limited = "turnstream_proxy_key_limited_total"
-        assert scraped(proxy.url, limited, headers=proxy.auth, cap="large_bodies") == 1
+        assert scraped(proxy.url, limited, headers=proxy.auth, cap="large_bodies") == 2
         assert scraped(proxy.url, limited, headers=proxy.auth, cap="requests") == 1
     finally:
         proxy.close()
