@@ -253,9 +253,12 @@ def _forget(config: Config, args: argparse.Namespace) -> int:
     from runtime.engine.model_store import cache_dir
     from schemas import normalize_namespace
     from services.console.projection import forget_sessions, session_rows
-    from services.forget.main import forget, projection_paths, sqlite_rows
+    from services.forget.main import forget, not_projections, projection_paths, sqlite_rows
 
     paths = [Path(p) for p in args.projection] if args.projection else projection_paths(config, cache_dir())
+    if bad := not_projections(paths):
+        print(f"turnstream forget: {'; '.join(bad)}", file=sys.stderr)
+        return 2
     try:
         report = asyncio.run(
             forget(

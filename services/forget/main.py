@@ -99,6 +99,28 @@ def projection_paths(config: Config, cache: Path) -> list[Path]:
     return [p for p in dict.fromkeys(found) if p.is_file()]
 
 
+def not_projections(paths: list[Path]) -> list[str]:
+    """The paths that are not console projections (missing, not SQLite, or without its tables), each with why:
+    checked before anything is destroyed, so that a mistyped path cannot leave an erasure half done."""
+    bad = []
+    for path in paths:
+        if not path.is_file():
+            bad.append(f"{path}: no such file")
+            continue
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            finally:
+                db.close()
+        except sqlite3.DatabaseError as exc:
+            bad.append(f"{path}: {exc}")
+            continue
+        if not {"turns", "pairs"} <= tables:
+            bad.append(f"{path}: not a console projection (no turns and pairs tables)")
+    return bad
+
+
 def sqlite_rows(work: Callable[[sqlite3.Connection, set[str]], int]) -> Rows:
     """``work`` on the projection at a path."""
 

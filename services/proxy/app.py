@@ -422,7 +422,7 @@ class ChatProxy:
             LIMITED.labels("requests").inc()
             return openai_error(
                 429,
-                f"this key already has {self.pc.max_requests_per_key} requests in flight; try again when one "
+                f"this key is at its limit of {self.pc.max_requests_per_key} requests in flight; try again when one "
                 "has finished",
                 "requests",
                 "rate_limit_exceeded",

@@ -75,8 +75,8 @@ def too_many_large(cap: int, large: int) -> BadInput:
     """The 429 (OpenAI's rate-limit shape) for a key at its cap of large bodies in flight."""
     return BadInput(
         429,
-        f"this key already has {cap} requests of more than {large} bytes in flight; try again when one has "
-        "finished",
+        f"this key is at its limit of {cap} large requests in flight (over {large} bytes, or of many values); try "
+        "again when one has finished",
         "rate_limit_exceeded",
         "requests",
         {

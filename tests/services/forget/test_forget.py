@@ -248,3 +248,25 @@ async def test_a_forgotten_session_is_fenced_so_nothing_comes_back_readable(
         assert [t.session_id for t in turns] == [sid]
     finally:
         proxy.close()
+
+
+def test_a_path_that_is_not_a_projection_is_refused_before_anything_is_destroyed(tmp_path: Path) -> None:
+    """A mistyped ``--projection`` used to end ``forget`` in a traceback after the keys were destroyed (SQLite
+    makes an empty file of a missing path): now every path is checked first, and the command exits 2 naming it."""
+    from services.forget.main import not_projections
+
+    real = tmp_path / "live.sqlite3"
+    connect(real).close()
+    (tmp_path / "empty.sqlite3").touch()
+    (tmp_path / "junk.sqlite3").write_text("junk")
+    paths = [real, tmp_path / "empty.sqlite3", tmp_path / "junk.sqlite3", tmp_path / "missing.sqlite3"]
+    bad = not_projections(paths)
+    assert [b.split(":")[0] for b in bad] == [str(p) for p in paths[1:]]
+    assert not (tmp_path / "missing.sqlite3").exists()
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "forget", "--session", "s", "--projection", str(paths[3])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "no such file" in out.stderr and "Traceback" not in out.stderr
