@@ -210,6 +210,10 @@ class Turn(Event, frozen=True, tag="turn"):
     ``messages``, what rendered ``prompt_token_ids``."""
     user: str = ""
     """The request's OpenAI ``user`` field (an end-user id; the simulated users send their persona's name)."""
+    api: str = "chat"
+    """The API the client spoke: ``chat`` (chat completions), ``responses`` (OpenAI's Responses API) or
+    ``messages`` (Anthropic's Messages API). ``messages`` is always the chat form the engine was sent, whatever the
+    API (the proxy translates), so nothing downstream reads this: it tells which clients teach the model."""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)

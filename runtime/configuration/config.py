@@ -263,6 +263,9 @@ class ProxyConfig(_Section):
     (``services/proxy/continuity.py``, docs/clients.md); off: every such turn starts a session of its own."""
     session_link_ttl_s: PositiveInt = 7 * 86400
     """How long an answer can still be continued by a request without a session id."""
+    stored_response_ttl_s: NonNegInt = 7 * 86400
+    """How long a Responses API answer made with ``store`` (its default) can be continued by
+    ``previous_response_id``; 0: nothing is kept (such a continuation is then a 404)."""
     weights_root: str = ""
     """Weight versions are loaded only from below this folder; empty: the cache's ``weights`` folder."""
     tokenizer_path: str = ""
@@ -277,6 +280,9 @@ class ProxyConfig(_Section):
     version_probe_s: PositiveFloat = 2.0
     """How often the proxy reads the engine's weight version when idle (an engine restart is noticed within
     this); a completed stream triggers a probe at once (see services/proxy/versions.py)."""
+    default_max_tokens: NonNegInt = 0
+    """The most tokens an answer gets when its client sets no limit (Codex CLI and opencode set none); 0: the
+    engine's (up to the context window). The value sent is recorded with the turn like the client's own."""
     sampling_defaults: Literal["model", "openai"] = "model"
     """The sampling values pinned on main turns whose client gave none, as SGLang's ``--sampling-defaults``:
     ``model`` reads the served model's generation_config.json (Qwen3: temperature 0.6, top_k 20, top_p 0.95),

@@ -23,6 +23,8 @@ TURN_SETS = ("disp:open",)
 """Sorted sets whose members are turn ids."""
 LINKS = "conv:"
 """Conversation links (session inference): the key is a hash, the value ``<session id> <n>[ c]``."""
+STORED = "resp:"
+"""Stored responses (``previous_response_id``): the key is a random id, the value ``<session id> <payload>``."""
 
 
 def _glob(text: str) -> str:
@@ -74,11 +76,13 @@ async def _set_members(r: aioredis.Redis, sessions: set[str]) -> list[tuple[byte
 
 
 async def _links(r: aioredis.Redis, sessions: set[str]) -> list[bytes]:
+    """Conversation links and stored responses of the sessions (both name their session first in the value)."""
     found: list[bytes] = []
-    async for name in r.scan_iter(match=f"*{LINKS}*", count=1000):
-        value = await r.get(name)
-        if isinstance(value, bytes) and value.split(b" ", 1)[0].decode("utf-8", "replace") in sessions:
-            found.append(name)
+    for form in (LINKS, STORED):
+        async for name in r.scan_iter(match=f"*{form}*", count=1000):
+            value = await r.get(name)
+            if isinstance(value, bytes) and value.split(b" ", 1)[0].decode("utf-8", "replace") in sessions:
+                found.append(name)
     return found
 
 

@@ -33,9 +33,12 @@ def _flag(value: Any) -> bool:
     return str(value).strip().lower() in TRUE
 
 
-def session_info(headers: Headers, body: dict[str, Any], default_turn_type: str = "main") -> SessionInfo:
-    """Read the session fields and strip the body's copies (the engine must not see them). Headers win; an
-    untagged request is ``default_turn_type`` (``proxy.default_turn_type``)."""
+def session_info(
+    headers: Headers, body: dict[str, Any], default_turn_type: str = "main", hint: str | None = None
+) -> SessionInfo:
+    """Read the session fields and strip the body's copies (the engine must not see them). Headers win; then the
+    body; then the ids stock clients send; then ``hint`` (what an API's own clients send, ``Api.session_hint``).
+    An untagged request is ``default_turn_type`` (``proxy.default_turn_type``)."""
     b_sid, b_type, b_done = (body.pop(k, None) for k in BODY_FIELDS)
     if not isinstance(b_sid, str | None) or not isinstance(b_type, str | None):
         raise SessionError("'session_id' and 'turn_type' in the body must be strings")
@@ -44,7 +47,11 @@ def session_info(headers: Headers, body: dict[str, Any], default_turn_type: str 
     # Explicit ids, most specific first: ours, the body's, then the ids stock clients already send (OpenClaw with
     # ``compat.sendSessionAffinityHeaders``: ``x-session-affinity`` and ``session_id``).
     sid = (
-        headers.get("x-session-id") or b_sid or headers.get("x-session-affinity") or headers.get("session_id")
+        headers.get("x-session-id")
+        or b_sid
+        or headers.get("x-session-affinity")
+        or headers.get("session_id")
+        or hint
     )
     turn_type = (headers.get("x-turn-type") or b_type or default_turn_type).strip().lower()
     if turn_type not in ("main", "side"):

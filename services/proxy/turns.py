@@ -178,6 +178,7 @@ def build_turn(
     session_done: bool,
     fallback_version: int,
     retokenize: Any = None,
+    api: str = "chat",
 ) -> Turn:
     """The Turn for a served request. ``body`` is the request as sent to the engine (sampling pinned), and
     ``fallback_version`` labels a response whose engine reported no version (a stream: see ServedVersions).
@@ -232,6 +233,7 @@ def build_turn(
             token_source=source,
             chat_template_kwargs=body.get("chat_template_kwargs") or None,
             user=body["user"] if isinstance(body.get("user"), str) else "",
+            api=api,
         )
     except (msgspec.ValidationError, ValueError) as exc:
         raise UnrecordableTurn("invalid_turn", str(exc)) from None

@@ -60,7 +60,7 @@ class BadInput(Exception):
         self,
         status: int,
         message: str,
-        code: str = "invalid_request",
+        code: str | None = "invalid_request",
         err_type: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
     ) -> None:
@@ -186,12 +186,15 @@ def count_values(raw: bytes, limits: BodyLimits) -> int:
     return values
 
 
-def _check_extras(raw: bytes, limits: BodyLimits) -> None:
-    """Refuse a body holding more bytes in fields the engine ignores than ``max_extra_bytes``."""
+CHAT_FIELDS = ENGINE_FIELDS | TURNSTREAM_FIELDS
+
+
+def _check_extras(raw: bytes, limits: BodyLimits, known: frozenset[str] = CHAT_FIELDS) -> None:
+    """Refuse a body holding more bytes in fields nobody reads (not ``known``) than ``max_extra_bytes``."""
     if len(raw) <= limits.max_extra_bytes:
         return
     fields = _decoded(raw, _fields_decoder)  # each value skipped as bytes, nothing built
-    extra = {k: len(v) for k, v in fields.items() if k not in ENGINE_FIELDS and k not in TURNSTREAM_FIELDS}
+    extra = {k: len(v) for k, v in fields.items() if k not in known}
     if sum(extra.values()) > limits.max_extra_bytes:
         largest = ", ".join(repr(k) for k in sorted(extra, key=extra.__getitem__, reverse=True)[:3])
         raise BadInput(
@@ -205,14 +208,29 @@ def _check_extras(raw: bytes, limits: BodyLimits) -> None:
 DEFAULT_LIMITS = BodyLimits()
 
 
-def parse_chat(raw: bytes, limits: BodyLimits = DEFAULT_LIMITS, counted: bool = False) -> dict[str, Any]:
-    """The body, checked; ``counted``: ``count_values`` has passed it already."""
+def parse_object(
+    raw: bytes,
+    limits: BodyLimits = DEFAULT_LIMITS,
+    counted: bool = False,
+    known: frozenset[str] = CHAT_FIELDS,
+) -> dict[str, Any]:
+    """The body as a JSON object, within the limits; ``counted``: ``count_values`` has passed it already."""
     if not counted:
         count_values(raw, limits)
-    _check_extras(raw, limits)
+    _check_extras(raw, limits, known)
     body = _decoded(raw, _json_decoder)
     if not isinstance(body, dict):
         raise BadInput(400, "the body must be a JSON object")
+    return body
+
+
+def parse_chat(raw: bytes, limits: BodyLimits = DEFAULT_LIMITS, counted: bool = False) -> dict[str, Any]:
+    """The body, checked; ``counted``: ``count_values`` has passed it already."""
+    return check_chat(parse_object(raw, limits, counted), limits)
+
+
+def check_chat(body: dict[str, Any], limits: BodyLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """A chat request the engine will take and the contract will record, or ``BadInput`` saying why not."""
     max_messages = limits.max_messages
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:

@@ -80,6 +80,13 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
     try:
         for i in range(3):  # a session with an id, and one the proxy infers (a stock client sends none)
             chat(proxy, "alice-key-0123456789abcdef", [{"role": "user", "content": f"{SECRET} #{i}"}], alice)
+        stored = httpx.post(  # a Responses API turn, stored (the default) for previous_response_id
+            proxy.url + "/v1/responses",
+            json={"input": f"{SECRET} once more", "max_output_tokens": 4},
+            headers={"Authorization": "Bearer alice-key-0123456789abcdef", "X-Session-Id": alice},
+            timeout=60,
+        )
+        assert stored.status_code == 200, stored.text
         history = [{"role": "user", "content": f"{SECRET}, remember it"}]
         for i in range(2):
             history.append(
@@ -91,13 +98,13 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
     finally:
         proxy.proxy.stop()
         proxy.stub.stop()
-    turns = await wait_for_turns(kafka, 7)
+    turns = await wait_for_turns(kafka, 8)
     alice, bob = f"alice/{alice}", f"bob/{bob}"  # recorded in each user's namespace
     alices = sorted({t.session_id for t in turns if t.user == "alice"})
     assert len(alices) == 2 and alice in alices and all(t.user == "bob" for t in turns if t.session_id == bob)
 
     config = Config(kafka=kafka, redis=redis_config)
-    await pair_all(config, expect=4)  # 2 + 1 + 1 pairs; each session's last turn waits in Redis
+    await pair_all(config, expect=5)  # 3 + 1 + 1 pairs; each session's last turn waits in Redis
     async with EventProducer(kafka) as producer:  # a record the pairer cannot use: dead-lettered
         bad = await seal_value(kafka, TURNS, alice.encode(), b"\x81\xa4type\xa4none")
         await producer.send_raw(TURNS.name(kafka.namespace), bad, alice.encode())
@@ -106,7 +113,7 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
     async with EventProducer(replay) as producer:  # a replay namespace's copy
         for t in turns:
             await producer.send(TURNS, t, t.session_id)
-    await pair_all(config, expect=4)  # the bad record is dead-lettered on the way
+    await pair_all(config, expect=5)  # the bad record is dead-lettered on the way
     projection = tmp_path / "console" / "live.sqlite3"
     db, stop, caught_up = connect(projection), asyncio.Event(), asyncio.Event()
     feed = asyncio.create_task(follow(kafka, db, stop, caught_up=caught_up))
@@ -120,6 +127,7 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
         # Before: the conversations are in Redis (the pairer's open turn, in the clear), the projection, and
         # readable on every topic (sealed: the log's bytes never show them).
         assert await redis_mentions(r, alices) and await redis_mentions(r, [SECRET])
+        assert any(":resp:" in name or "resp:" in name for name in await redis_mentions(r, alices))
         assert SECRET.encode() in b"".join(p.read_bytes() for p in projection.parent.glob("live.sqlite3*"))
         assert not any(SECRET.encode() in raw for raw in await everything_raw(kafka))
         argv = [
@@ -153,10 +161,10 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
         assert report["erased"] and report["sessions"] == alices and report["keys_destroyed"] == 2
         left = {t["topic"]: t for t in report["topics"]}
         assert (
-            left[TURNS.name(kafka.namespace)]["sealed"] == 6
-            and left[TURNS.name(replay.namespace)]["sealed"] == 5
+            left[TURNS.name(kafka.namespace)]["sealed"] == 7
+            and left[TURNS.name(replay.namespace)]["sealed"] == 6
         )
-        assert left[f"{kafka.namespace}turns.paired"]["sealed"] >= 3
+        assert left[f"{kafka.namespace}turns.paired"]["sealed"] >= 4
         assert left[f"{kafka.namespace}deadletter"]["sealed"] == 1
         assert all(t["readable"] == 0 and t["clear"] == 0 for t in report["topics"])
 

@@ -1,0 +1,153 @@
+"""The proxy's long-lived parts, made once at start-up: the engine clients, turn numbering, the recorder, session
+inference, stored responses, the served-version probe and the reloader."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.configuration.config import Config
+from runtime.engine.client import EngineClient, EngineError, version_number
+from runtime.transport.resp import command
+from services.proxy.adapters import Adapters
+from services.proxy.continuity import Continuity
+from services.proxy.recorder import TurnRecorder
+from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
+from services.proxy.stored import ResponseStore
+from services.proxy.turn_numbers import TurnNumbers
+from services.proxy.versions import ServedVersions
+
+log = logging.getLogger("turnstream.proxy")
+
+
+@dataclass
+class ProxyState:
+    config: Config
+    engine: EngineClient
+    turn_numbers: TurnNumbers
+    recorder: TurnRecorder
+    versions: ServedVersions = field(default_factory=ServedVersions)
+    """What the engine serves (streamed turns are labelled from it; their chunks carry no version)."""
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(OPENAI_SAMPLING))
+    """Pinned on every main turn where the client gave none, so the recorded values are the effective ones."""
+    retokenize: Any = None
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    reloader: Any = None
+    adapters: Adapters | None = None
+    """Which LoRA adapter the policy's requests go to (``Config.lora_adapters``); None: the engine's own weights."""
+    background: list[asyncio.Task[None]] = field(default_factory=list)
+    """The reloader and the version probe: cancelled at shutdown."""
+    continuity: Continuity | None = None
+    """Which session a main turn without a session id continues (``proxy.session_inference``)."""
+
+    stored: ResponseStore | None = None
+    """Responses API answers kept for ``previous_response_id`` (None: ``proxy.stored_response_ttl_s`` is 0)."""
+
+
+async def build_state(config: Config) -> ProxyState:
+    from pathlib import Path
+
+    from runtime.engine.model_store import cache_dir
+
+    pc = config.proxy
+    engine = EngineClient(
+        config.engine.url,
+        api_key=config.engine.api_key,
+        timeout_s=config.engine.timeout_s,
+        retries=config.engine.retries,
+    )
+    spool_dir = Path(pc.spool_dir) if pc.spool_dir else cache_dir() / "spool" / f"proxy-{pc.port}"
+    # Where the data keys live in the turn numbers' Redis (the default), numbering also checks the erasure fence.
+    same_redis = config.kafka.seal_keys_url and config.kafka.seal_keys_url == config.redis.url
+    turn_numbers = TurnNumbers(
+        config.redis.url,
+        config.redis.key_prefix,
+        session_ttl_s=config.redis.session_ttl_s,
+        fences=config.kafka.seal_keys_prefix.encode() if same_redis else None,
+    )
+    recorder = TurnRecorder(
+        config.kafka,
+        spool_dir,
+        linger_s=pc.spool_linger_ms / 1000,
+        number_once=turn_numbers.number_once,
+        max_bytes=pc.spool_max_bytes,
+        when_full=pc.spool_full,
+        stop_write_timeout_s=pc.spool_stop_timeout_s,
+    )
+    await recorder.start()
+    state = ProxyState(config=config, engine=engine, turn_numbers=turn_numbers, recorder=recorder)
+    if pc.stored_response_ttl_s:
+        state.stored = ResponseStore(
+            turn_numbers.redis, config.redis.key_prefix, pc.stored_response_ttl_s, config.kafka
+        )
+    if pc.session_inference == "on":  # over the turn numbers' connection: one pipelined connection per proxy
+        state.continuity = Continuity(
+            turn_numbers.redis,
+            config.redis.key_prefix,
+            pc.session_link_ttl_s,
+            session_ttl_s=config.redis.session_ttl_s,
+        )
+    if pc.tokenizer_path:
+        from services.proxy.retokenize import Retokenizer
+
+        state.retokenize = Retokenizer(pc.tokenizer_path)
+    info: dict[str, Any] = {}
+    with contextlib.suppress(EngineError, KeyError, ValueError):
+        info = await engine.model_info()
+    state.versions = ServedVersions(version_number(info.get("weight_version")))
+    if config.lora_adapters:  # a restarted proxy finds the adapters the engine already has
+        served = info.get("served_model_name")
+        state.adapters = Adapters(served if isinstance(served, str) else None)
+        # Under a gate the newest adapter may be a candidate no user may see: the base until the reloader has
+        # read the decisions.
+        with contextlib.suppress(EngineError, KeyError, ValueError):
+            if not config.gate.enabled:
+                state.adapters.serve(max(await engine.adapter_versions(), default=0))
+        state.versions = ServedVersions(state.adapters.current)
+    state.sampling = resolve_sampling_defaults(pc.sampling_defaults, info)
+    if info and not (info.get("tool_call_parser") or info.get("reasoning_parser")):
+        log.warning(
+            "the engine runs without a tool-call or reasoning parser: SGLang then drops the log-prob of a streamed "
+            "step that has no text (the final EOS), and such streamed turns are not recorded (token_mismatch). "
+            "Start it with --tool-call-parser (turnstream engine does)."
+        )
+    if pc.reload:
+        from services.proxy.reloader import Reloader
+
+        root = Path(pc.weights_root) if pc.weights_root else cache_dir() / "weights"
+        # Its own client: a load is not retried blindly (it checks /model_info instead) and may take minutes.
+        # The only holder of the admin key: weight updates, pauses and adapters take nothing else.
+        loader = EngineClient(
+            config.engine.url,
+            api_key=config.engine.api_key,
+            admin_api_key=config.engine.admin_api_key,
+            timeout_s=pc.reload_timeout_s,
+            retries=0,
+        )
+
+        async def held(version: int) -> bool:  # PTTL: -2 no such key, else the milliseconds it has left
+            key = config.redis.eval_hold_key(version).encode()
+            return int(await turn_numbers.redis.send(command(b"PTTL", key))) > 0
+
+        state.reloader = Reloader(
+            config.kafka, loader, root, state.versions, held=held, adapters=state.adapters, gate=config.gate
+        )
+        state.background.append(asyncio.create_task(state.reloader.run()))
+    on_change = state.reloader.engine_changed if state.reloader is not None else None
+    probe_client = EngineClient(config.engine.url, api_key=config.engine.api_key, timeout_s=10.0, retries=0)
+
+    async def probe() -> int:
+        if state.adapters is not None:  # the newest adapter loaded: 0 after an engine restart lost them
+            loaded = await probe_client.adapter_versions()
+            if config.gate.enabled:  # the newest may be a candidate beside: the served one, if still loaded
+                return state.adapters.current if state.adapters.current in loaded else 0
+            return max(loaded, default=0)
+        return version_number((await probe_client.model_info()).get("weight_version"))
+
+    state.background.append(
+        asyncio.create_task(state.versions.run(probe, pc.version_probe_s, on_change=on_change))
+    )
+    return state
