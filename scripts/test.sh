@@ -12,6 +12,7 @@ bash scripts/kafka.sh install
 bash scripts/redis.sh install
 bash scripts/chromium.sh install
 bash scripts/openclaw.sh install   # stock OpenClaw, a tested client (tests/clients)
+bash scripts/agents.sh install     # Codex CLI, Claude Code, opencode: tested clients too
 
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 

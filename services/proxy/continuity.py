@@ -9,7 +9,8 @@ that session. Across proxy replicas, because the state is in Redis.
 The hash is of a canonical form that ignores what clients legitimately change when they send history back:
 whitespace at the ends of content, content as a string or as a list of text parts, reasoning content (and a leading
 think block), tool-call ids, the spacing and key order of tool-call arguments, and a system prompt's volatile
-sections; messages a client adds to one request only are left out (``runtime/pipeline/envelopes.py``). It is
+sections; what a client adds to one request only (messages, a context pair, a reminder appended to the current
+message) is left out (``runtime/pipeline/envelopes.py``). It is
 seeded with the caller's scope (the bearer token or API key, and the ``user`` field), so two people who type the
 same first message never share a session.
 
@@ -35,7 +36,13 @@ from typing import Any
 import msgspec
 from prometheus_client import Counter
 
-from runtime.pipeline.envelopes import request_only, stable_system, visible_answer
+from runtime.pipeline.envelopes import (
+    opens_pair,
+    request_only,
+    stable_system,
+    visible_answer,
+    without_reminder,
+)
 from runtime.transport.resp import PipelinedRedis, RedisReplyError, command
 
 log = logging.getLogger("turnstream.proxy")
@@ -126,6 +133,8 @@ def _canonical(message: Mapping[str, Any], role: object, content: object) -> byt
         text = ""
     if role == "system":
         text = stable_system(text)
+    elif role == "user":
+        text = without_reminder(text)
     elif role == "assistant" and text.startswith("<think>"):
         text = visible_answer(text)
     if message.get("tool_calls") and (calls := _tool_calls(message)):
@@ -179,9 +188,15 @@ def links(headers: Mapping[str, str], body: Mapping[str, Any]) -> Links:
     continues: bytes | None = None
     after = False  # a user or tool message after the last assistant message
     update = h.update
+    reply = False  # the next message is a context pair's canned reply (``envelopes.opens_pair``)
     for m in messages:  # per message of every request: kept to the bare minimum of Python
         role, content = m.get("role"), m.get("content")
-        if role == "user" and request_only(m):
+        if reply:
+            reply = False
+            if role == "assistant":
+                continue
+        if (role == "user" or role == "system") and request_only(m):
+            reply = role == "user" and opens_pair(m)
             continue
         update(_canonical(m, role, content))
         if role == "assistant":

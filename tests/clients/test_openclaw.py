@@ -16,18 +16,15 @@ import re
 import subprocess
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from runtime.configuration.config import Config, DispatcherConfig, JudgeConfig, KafkaConfig, RedisConfig
+from runtime.configuration.config import Config, JudgeConfig, KafkaConfig, RedisConfig
 from runtime.pipeline.envelopes import conversation, request_only, visible_answer
-from schemas import Judgment, Sample, SessionEnded, Turn
-from schemas.topics import SAMPLES, SESSIONS_ENDED
-from services.dispatcher.worker import run_dispatcher
-from services.judge.worker import run_judge
+from schemas import SessionEnded, Turn
+from schemas.topics import SESSIONS_ENDED
+from tests.clients.learning import judged, taught
 from tests.kafka_wait import wait_for_events
 from tests.metrics import scraped
-from tests.services.judge.conftest import wait_for_judgments
 from tests.services.proxy.conftest import ProxyProcess, pair_all, wait_for_turns
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -128,33 +125,15 @@ async def test_stock_openclaw_sessions_become_paired_sessions(
         for m in p.next_state or []
     )
     # The rules judge reads the correction through OpenClaw's timestamp: -1, with the correction as the hint.
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_judge(config, install_signals=False, stop=stop))
     wanted = {p.turn_id for p in corrections}
-    try:
-        judged: list[Judgment] = await wait_for_judgments(
-            kafka, lambda js: wanted <= {j.turn_id for j in js if j.kind == "hint"}, 120
-        )
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-    verdicts = {(j.turn_id, j.kind): j for j in judged if j.turn_id in wanted}
+    verdicts = await judged(config, wanted)
     assert all(verdicts[(t, "eval")].eval_score == -1 for t in wanted), verdicts
     assert all(
         verdicts[(t, "hint")].accepted and verdicts[(t, "hint")].hint == "Answer in one word." for t in wanted
     )
     # And they become training samples (mode rl: the judged reward), which the trainer takes from any client.
-    rl = msgspec.structs.replace(config, dispatcher=DispatcherConfig(mode="rl", sweep_interval_s=0.2))
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_dispatcher(rl, install_signals=False, stop=stop))
-    try:
-        samples: list[Sample] = await wait_for_events(
-            kafka, SAMPLES, lambda ss: wanted <= {s.sample_id for s in ss}, 120
-        )
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-    taught = {s.sample_id: s for s in samples if s.sample_id in wanted}
-    assert all(s.reward == -1 and s.session_id in {t.session_id for t in turns} for s in taught.values()), (
-        taught
+    samples = await taught(config, wanted)
+    sessions = {t.session_id for t in turns}
+    assert samples.keys() == wanted and all(
+        s.reward == -1 and s.session_id in sessions for s in samples.values()
     )

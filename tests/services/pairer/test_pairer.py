@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -17,6 +19,7 @@ from services.pairer.worker import next_state
 from tests.services.proxy.conftest import pair_all
 from tests.strategies import example_turn
 
+FIXTURES = Path(__file__).resolve().parents[1] / "proxy" / "fixtures"
 U = Message(role="user", content="What's the weather in Paris and Oslo?")
 CALLS = Message(
     role="assistant",
@@ -458,3 +461,28 @@ async def test_every_key_the_pairer_writes_expires(
         assert await pairer.sweep(now + 3) == 1  # exp-a closed idle; exp-b counted
         assert SKIPPED.labels("state_expired")._value.get() == expired + 1
         assert not await redis_client.exists(config.redis.pairer_idle_key)
+
+
+def test_aiders_reminder_and_files_pair_are_neither_history_nor_next_state() -> None:
+    """aider appends its edit format's rules to the current message (taken off when the message is history) and
+    re-sends a files-in-chat pair before it in every request (fixtures of aider 0.86.2's prompts): the next state
+    is what the user wrote."""
+    aider = json.loads((FIXTURES / "aider" / "requests.json").read_text())
+    reminder = aider["reminders"]["wholefile"]
+    files = [Message(role="user", content=aider["files_pair"][0]), Message(role="assistant", content="Ok.")]
+    system = Message(role="system", content="Act as an expert software developer.")
+    asked, answer = (
+        Message(role="user", content="Add a docstring."),
+        Message(role="assistant", content="Done."),
+    )
+    first = turn(
+        "ai", 1, [system, *files, Message(role="user", content=f"{asked.text}\n\n{reminder}")], answer
+    )
+    correction = Message(role="user", content="No, a comment.")
+    second = turn(
+        "ai",
+        2,
+        [system, asked, answer, *files, Message(role="user", content=f"{correction.text}\n\n{reminder}")],
+        Message(role="assistant", content="Fixed."),
+    )
+    assert next_state(first, second) == ([correction], False)

@@ -292,3 +292,41 @@ def test_openclaws_retry_of_an_empty_answer_is_a_regenerate_and_the_conversation
     assert chains[3].continues == chains[2].continues  # its retry continues the same answer: a branch
     assert chains[4].continues == made[3]  # "Thanks." continues the second retry's answer
     assert made[1] != made[0] and made[3] != made[2]
+
+
+AIDER = json.loads((Path(__file__).parent / "fixtures" / "aider" / "requests.json").read_text())
+"""What aider 0.86.2 adds around a conversation, built by its own prompt classes (``aider/coders/*_prompts.py``
+formatted as ``Coder.fmt_system_prompt`` does): each edit format's reminder, and the files-in-chat pair (with a
+file, and without any)."""
+
+
+def aider(done: list[dict[str, Any]], current: str, edit_format: str, mode: str, pair: str) -> dict[str, Any]:
+    """A request laid out as aider's ``Coder.format_chat_chunks`` does: system prompt, the conversation so far, the
+    files-in-chat pair, the current message with the edit format's reminder appended after a blank line
+    (``reminder: user``, the default) or sent as a last system message (``reminder: sys``)."""
+    reminder = AIDER["reminders"][edit_format]
+    files, reply = AIDER[pair]
+    system = {"role": "system", "content": "Act as an expert software developer.\n" + reminder}
+    messages = [system, *done, user(files), {"role": "assistant", "content": reply}]
+    if mode == "user":
+        return body(*messages, user(current + "\n\n" + reminder))
+    return body(*messages, user(current), {"role": "system", "content": reminder})
+
+
+@pytest.mark.parametrize("pair", ["files_pair", "no_files_pair"])
+@pytest.mark.parametrize("mode", ["user", "sys"])
+@pytest.mark.parametrize("edit_format", sorted(AIDER["reminders"]))
+def test_aiders_reminder_and_files_pair_neither_break_the_link_nor_count(
+    edit_format: str, mode: str, pair: str
+) -> None:
+    asked, fixed = user("Add a docstring to hello.py."), user("No, a comment.")
+    answer, again = {"role": "assistant", "content": "Done."}, {"role": "assistant", "content": "Fixed."}
+    first = aider([], asked["content"], edit_format, mode, pair)
+    second = aider([asked, answer], fixed["content"], edit_format, mode, pair)
+    third = aider([asked, answer, fixed, again], "Thanks.", edit_format, mode, pair)
+    assert links({}, first).continues is None
+    assert links({}, second).continues == next_link(first, answer)
+    assert links({}, third).continues == next_link(second, again)
+    # What the user wrote still tells conversations apart.
+    other = aider([user("Add a test."), answer], fixed["content"], edit_format, mode, pair)
+    assert links({}, other).continues != next_link(first, answer)
