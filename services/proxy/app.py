@@ -176,29 +176,10 @@ class ChatProxy(SessionFlow, Recording):
                 headers={"Retry-After": "1"},
             )
 
-        def take_large() -> BadInput | None:
-            if self.large_bodies.take(user, request.scope):
-                return None
-            LIMITED.labels("large_bodies").inc()
-            return too_many_large(self.pc.large_bodies_per_key, self.pc.large_body_bytes)
-
         owner = user if self.keys.per_user else ""
         exchange: Exchange | None = None
         try:
-            raw_body = await read_body(request, self.pc.max_body_bytes, self.pc.large_body_bytes, take_large)
-            values = count_values(raw_body, self.body_limits)  # before anything is decoded
-            if api is None:
-                parse: Any = parse_chat
-                args: tuple[Any, ...] = (raw_body, self.body_limits, True)
-            else:
-                parse, args = parse_object, (raw_body, self.body_limits, True, _FIELDS[api.name])
-            if len(raw_body) > PARSE_IN_THREAD_BYTES or values > HEAVY_VALUES:
-                if values > HEAVY_VALUES and len(raw_body) <= self.pc.large_body_bytes:
-                    if (busy := take_large()) is not None:  # heavy by its values: a large body's slot too
-                        raise busy
-                body = await asyncio.to_thread(parse, *args)
-            else:
-                body = parse(*args)
+            raw_body, body = await self.read(request, user, api)
             hint: str | None = None
             side = chat_side_call(body) if api is None else False
             if api is not None:
@@ -378,6 +359,60 @@ class ChatProxy(SessionFlow, Recording):
             headers,
             lambda: self.record_response(session, index, forward, data, created),
         )
+
+    async def read(self, request: Request, user: str, api: Api | None) -> tuple[bytes, dict[str, Any]]:
+        """The body, bounded and decoded: a large body (or one heavy by its values) takes one of its key's
+        large-body slots and is decoded in a thread. Raises ``BadInput``."""
+
+        def take_large() -> BadInput | None:
+            if self.large_bodies.take(user, request.scope):
+                return None
+            LIMITED.labels("large_bodies").inc()
+            return too_many_large(self.pc.large_bodies_per_key, self.pc.large_body_bytes)
+
+        raw_body = await read_body(request, self.pc.max_body_bytes, self.pc.large_body_bytes, take_large)
+        values = count_values(raw_body, self.body_limits)  # before anything is decoded
+        if api is None:
+            parse: Any = parse_chat
+            args: tuple[Any, ...] = (raw_body, self.body_limits, True)
+        else:
+            parse, args = parse_object, (raw_body, self.body_limits, True, _FIELDS[api.name])
+        if len(raw_body) > PARSE_IN_THREAD_BYTES or values > HEAVY_VALUES:
+            if values > HEAVY_VALUES and len(raw_body) <= self.pc.large_body_bytes:
+                if (busy := take_large()) is not None:  # heavy by its values: a large body's slot too
+                    raise busy
+            return raw_body, await asyncio.to_thread(parse, *args)
+        return raw_body, parse(*args)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's ``POST /v1/messages/count_tokens`` (Claude Code sizes tool results and its context with it):
+        the request translated as a message would be, and the engine's own count of its prompt (chat template and
+        tools included) from a one-token answer that is never recorded."""
+        user = self.keys.user(MESSAGES.credential(request.headers))
+        if user is None:
+            return MESSAGES.error(
+                401, "invalid or missing API key", "authentication_error", "invalid_api_key"
+            )
+        if not self.in_flight.take(user, request.scope):
+            LIMITED.labels("requests").inc()
+            return MESSAGES.error(
+                429, "this key is at its limit of requests in flight", "requests", "rate_limit_exceeded"
+            )
+        try:
+            _, body = await self.read(request, user, MESSAGES)
+            exchange = MESSAGES.translate({**body, "max_tokens": 1, "stream": False})
+            forward = check_chat(exchange.body, self.body_limits)
+            forward["model"] = forward.get("model") or self.pc.served_model_name
+            data = await self.state.engine.chat_raw(forward)
+            counted = (data.get("usage") or {}).get("prompt_tokens")
+            if not isinstance(counted, int):
+                raise EngineError("the engine reported no prompt token count")
+        except BadInput as exc:
+            return MESSAGES.error(exc.status, str(exc), exc.err_type, exc.code, headers=exc.headers)
+        except EngineError as exc:
+            failure = engine_failure(exc, "side", "false")
+            return MESSAGES.error(failure.status, str(failure), failure.err_type, failure.code)
+        return JSONResponse({"input_tokens": counted})
 
     async def carry(self, exchange: Exchange, owner: str) -> str | None:
         """Put the stored conversation a request continues (``previous_response_id``) before its own messages;
@@ -659,6 +694,7 @@ def create_app(config: Config, state: ProxyState | None = None) -> Any:
             Route("/v1/responses", proxy.responses, methods=["POST"]),
             Route("/v1/responses", proxy.no_websocket, methods=["GET"]),
             Route("/v1/messages", proxy.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", proxy.count_tokens, methods=["POST"]),
             Route("/api/hello", proxy.hello, methods=["HEAD", "GET"]),
             Route("/v1/models", proxy.models, methods=["GET"]),
             Route("/healthz", proxy.healthz, methods=["GET"]),

@@ -198,6 +198,13 @@ async def test_messages_streamed_and_not_are_recorded_exactly_in_claude_codes_se
     )
     text = "".join(b.text for b in first.content if b.type == "text")
     assert first.id.startswith("msg_") and first.stop_reason in ("end_turn", "max_tokens") and text
+    # count_tokens (Claude Code sizes its context with it): the prompt the engine would see, never a turn.
+    counted = client.messages.count_tokens(
+        model="policy",
+        system=system,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "Name a fruit."}],
+    )
+    assert counted.input_tokens == first.usage.input_tokens > 0
     with client.messages.stream(
         model="policy",
         max_tokens=10,
@@ -216,7 +223,7 @@ async def test_messages_streamed_and_not_are_recorded_exactly_in_claude_codes_se
         streamed == "".join(b.text for b in final.content if b.type == "text")
         and final.usage.output_tokens > 0
     )
-    one, two = sorted(await wait_for_turns(kafka, 2), key=lambda t: t.turn_index)
+    one, two = sorted(await wait_for_turns(kafka, 2), key=lambda t: t.turn_index)  # count_tokens made none
     assert (one.api, two.api) == ("messages", "messages")
     assert (one.session_id, one.turn_index, two.session_id, two.turn_index) == ("cc-42", 1, "cc-42", 2)
     assert [m.content for m in two.messages] == ["Be brief.", "Name a fruit.", text, "And a vegetable?"]
