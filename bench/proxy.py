@@ -89,7 +89,9 @@ def wait_http(url: str, timeout: float = 60) -> None:
             time.sleep(0.1)
 
 
-async def load(url: str, concurrency: int, total: int, stream: bool, headers_for: object) -> dict[str, float]:
+async def load(
+    url: str, concurrency: int, total: int, stream: bool, headers_for: object, body: dict[str, Any] = BODY
+) -> dict[str, float]:
     latencies: list[float] = []
     firsts: list[float] = []
     counter = iter(range(total))
@@ -104,7 +106,7 @@ async def load(url: str, concurrency: int, total: int, stream: bool, headers_for
                 headers = headers_for(w, i)  # type: ignore[operator]
                 t0 = time.perf_counter()
                 if stream:
-                    async with http.stream("POST", url, json={**BODY, "stream": True}, headers=headers) as r:
+                    async with http.stream("POST", url, json={**body, "stream": True}, headers=headers) as r:
                         assert r.status_code == 200
                         first = None
                         async for line in r.aiter_lines():
@@ -112,7 +114,7 @@ async def load(url: str, concurrency: int, total: int, stream: bool, headers_for
                                 first = time.perf_counter() - t0
                     firsts.append(first or 0.0)
                 else:
-                    r = await http.post(url, json=BODY, headers=headers)
+                    r = await http.post(url, json=body, headers=headers)
                     assert r.status_code == 200, r.text
                 latencies.append(time.perf_counter() - t0)
 

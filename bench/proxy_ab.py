@@ -2,6 +2,10 @@
 
     .venv/bin/python bench/proxy_ab.py [--base HEAD] [--rounds 6] [--requests 300] [--concurrency 1] [--stream]
     .venv/bin/python bench/proxy_ab.py --conversations 8 [--system-chars 7600] ...
+    .venv/bin/python bench/proxy_ab.py --api responses|messages [--stream] ...
+
+``--api NAME``: the working tree's proxy is sent the same request in that API (``/v1/responses``,
+``/v1/messages``), the base's as chat completions: with ``--base HEAD``, what translating costs per request.
 
 ``--conversations N``: requests carry no session id, as a stock client sends them: each worker holds
 conversations of N turns, every request repeating the history so far (a system prompt of ``--system-chars``, the
@@ -43,6 +47,18 @@ from runtime.messaging.topics import create_topics
 from services.engine.launch import free_port
 
 REPO = Path(__file__).resolve().parent.parent
+API_REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", BODY),
+    "responses": (
+        "/v1/responses",
+        {"model": "stub", "input": BODY["messages"], "max_output_tokens": BODY["max_tokens"], "store": False},
+    ),
+    "messages": (
+        "/v1/messages",
+        {"model": "stub", "messages": BODY["messages"], "max_tokens": BODY["max_tokens"]},
+    ),
+}
+"""The same request in each API (``store: false``: Codex's; a stored response adds a Redis write)."""
 
 
 def main() -> None:
@@ -57,6 +73,12 @@ def main() -> None:
     )
     ap.add_argument("--system-chars", type=int, default=7600, help="system prompt size in conversations")
     ap.add_argument(
+        "--api",
+        choices=["chat", "responses", "messages"],
+        default="chat",
+        help="the working tree's API (below)",
+    )
+    ap.add_argument(
         "--base-env",
         action="append",
         default=[],
@@ -67,6 +89,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.conversations and args.stream:
         ap.error("--conversations sends non-streamed requests")
+    if args.conversations and args.api != "chat":
+        ap.error("--conversations speaks chat completions")
 
     worktree = Path(tempfile.mkdtemp(prefix="turnstream-ab-")) / "base"
     subprocess.run(
@@ -110,7 +134,8 @@ def main() -> None:
         per_request: dict[str, list[float]] = {"base": [], "work": []}
         for rnd in range(args.rounds):
             for name, (proc, port) in procs.items():
-                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                path, body = API_REQUESTS[args.api if name == "work" else "chat"]
+                url = f"http://127.0.0.1:{port}{path}"
                 # The other proxy is paused meanwhile: its own timers would otherwise run on the same two cores
                 # and charge the one measured (for instance, a base with more wake-ups makes the work look worse).
                 others = [p for n, (p, _) in procs.items() if n != name]
@@ -131,7 +156,7 @@ def main() -> None:
                         )
                     else:
                         headers = lambda w, i, r=rnd: {"X-Session-Id": f"r{r}-{w}-{i}"}  # noqa: E731
-                        asyncio.run(load(url, args.concurrency, args.requests, args.stream, headers))
+                        asyncio.run(load(url, args.concurrency, args.requests, args.stream, headers, body))
                     user1, sys1 = cpu_split(proc.pid)
                 finally:
                     for other in others:
@@ -154,6 +179,7 @@ def main() -> None:
                 "base_env": args.base_env,
                 "concurrency": args.concurrency,
                 "stream": args.stream,
+                "api": args.api,
                 "conversation_turns": args.conversations or None,
                 "system_chars": args.system_chars if args.conversations else None,
                 "requests_per_round": args.requests,
