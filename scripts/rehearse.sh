@@ -11,7 +11,8 @@
 #   4. per layout (two engines: compose.yaml; one GPU with LoRA: + compose.one-gpu.yaml), with compose.cpu.yaml
 #      over it (images, GPU reservations, trainer precision: nothing else), SmolLM2 as the model and SGLang's CPU
 #      flags in POLICY_SGLANG_ARGS/TEACHER_SGLANG_ARGS: up; the OpenAI SDK through the published proxy port (multi-
-#      turn sessions, streamed and not, OpenClaw-RL's session headers); turns recorded, paired, judged, taught,
+#      turn sessions, streamed and not, OpenClaw-RL's session headers), and the Responses and Messages APIs with
+#      their vendors' SDKs; turns recorded, paired, judged, taught,
 #      sampled, trained; the policy server loads the version from the shared volume (one-gpu: as a LoRA adapter
 #      beside the base) once the gate promoted it (GATE_ENABLED, on unless REHEARSE_GATE=false) and a new turn
 #      carries it; the console and Prometheus answer, the console's logged login link opens it, every Prometheus
@@ -135,6 +136,7 @@ for layout in $LAYOUTS; do
     log "[$layout] Grafana has no stand-in here (no registry ships it): left out of the rehearsal"
 
     checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 3 --tag a
+    checks .venv/bin/python scripts/rehearse/client.py apis "$proxy/v1"
     checks in_network /rehearse/pipeline_check.py flow 1 --within 900
     checks in_network /rehearse/pipeline_check.py gate 1 --within 600
     checks .venv/bin/python scripts/rehearse/client.py served "$proxy/v1" 1 --within 300

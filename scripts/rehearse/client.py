@@ -3,6 +3,7 @@ client would talk to a GPU host.
 
     python client.py talk BASE_URL --sessions N --turns T [--tag TAG]   # multi-turn sessions, streamed and not
     python client.py served BASE_URL VERSION [--within S]               # a new turn carries VERSION (or newer)
+    python client.py apis BASE_URL                                      # the Responses and Messages APIs
 
 Sessions carry OpenClaw-RL's headers (``X-Session-Id``, ``X-Turn-Type: main``; the last turn ``X-Session-Done``),
 so each turn pairs with the next user message. Every check prints ``PASS <what>`` or ``FAIL <what>: <why>``; a
@@ -86,6 +87,49 @@ def talk(base_url: str, sessions: int, turns: int, tag: str) -> None:
     check(answered == want, f"{answered}/{want} turns answered through the proxy ({streamed} streamed)", "")
 
 
+def apis(base_url: str) -> None:
+    """The agents' APIs through the composed proxy, each with its vendor's SDK: a Responses answer continued by
+    ``previous_response_id`` (stored in the compose Redis) and streamed, and a Messages answer streamed and not."""
+    import anthropic
+
+    key = os.environ["PROXY_API_KEY"]
+    client = OpenAI(base_url=base_url, api_key=key, timeout=600, max_retries=0)
+    try:
+        first = client.responses.create(model="policy", input=QUESTIONS[0], max_output_tokens=16)
+        events = [
+            e.type
+            for e in client.responses.create(
+                model="policy",
+                previous_response_id=first.id,
+                input=QUESTIONS[1],
+                max_output_tokens=16,
+                stream=True,
+            )
+        ]
+        check(
+            first.id.startswith("resp_")
+            and events[0] == "response.created"
+            and events[-1].startswith("response."),
+            f"Responses API: an answer, continued by previous_response_id and streamed ({len(events)} events)",
+        )
+    except Exception as exc:
+        check(False, "Responses API", repr(exc))
+    claude = anthropic.Anthropic(
+        base_url=base_url.removesuffix("/v1"), api_key=key, timeout=600, max_retries=0
+    )
+    try:
+        said = [{"role": "user", "content": QUESTIONS[0]}]
+        done = claude.messages.create(model="policy", max_tokens=16, messages=said)  # type: ignore[arg-type]
+        with claude.messages.stream(model="policy", max_tokens=16, messages=said) as stream:  # type: ignore[arg-type]
+            final = stream.get_final_message()
+        check(
+            done.type == "message" and final.usage.output_tokens > 0,
+            f"Messages API: an answer ({done.stop_reason}) and a streamed one ({final.stop_reason})",
+        )
+    except Exception as exc:
+        check(False, "Messages API", repr(exc))
+
+
 def served(base_url: str, version: int, within_s: float) -> None:
     client = OpenAI(base_url=base_url, api_key=os.environ["PROXY_API_KEY"], timeout=600, max_retries=0)
     deadline, seen = time.monotonic() + within_s, None
@@ -115,9 +159,12 @@ if __name__ == "__main__":
     v.add_argument("base_url")
     v.add_argument("version", type=int)
     v.add_argument("--within", type=float, default=600)
+    sub.add_parser("apis").add_argument("base_url")
     a = ap.parse_args()
     if a.command == "talk":
         talk(a.base_url, a.sessions, a.turns, a.tag)
+    elif a.command == "apis":
+        apis(a.base_url)
     else:
         served(a.base_url, a.version, a.within)
     sys.exit(1 if failed else 0)
