@@ -36,6 +36,7 @@ from services.proxy.apis.messages import MESSAGES, anthropic_error
 from services.proxy.apis.responses import FIELDS as RESPONSES_FIELDS
 from services.proxy.apis.responses import RESPONSES
 from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
+from services.proxy.call import Call
 from services.proxy.continuity import SessionWatch, links
 from services.proxy.keys import ProxyKeys
 from services.proxy.per_key import LIMITED, PerKey
@@ -264,12 +265,33 @@ class ChatProxy(SessionFlow, Recording):
         stream = bool(body.get("stream"))
         # What the client would get from SGLang itself: the proxy's own additions are taken out again.
         wants = client_wants(body, headers_in) if api is None else None
+        forward = self.forward(body, session.turn_type == "main", stream, wants, api is not None)
+        call = Call(
+            session,
+            body,
+            forward,
+            created,
+            owner,
+            index,
+            wants,
+            headers,
+            self.route(forward),
+            pending,
+            fence,
+            api,
+            exchange,
+        )
+        return await (self._stream(call) if stream else self._whole(call))
+
+    def forward(
+        self, body: dict[str, Any], main: bool, stream: bool, wants: dict[str, bool] | None, translated: bool
+    ) -> dict[str, Any]:
+        """What the engine is sent for ``body``: a main turn with the engine's sampling defaults made explicit (so
+        they are recorded) and the exact ids and log-probs asked for; a side chat turn with what its client asked
+        of SGLang's extras; ``proxy.default_max_tokens`` where the client set no length."""
         forward = dict(body)
-        if session.turn_type == "main":
-            for (
-                name,
-                value,
-            ) in self.state.sampling.items():  # the engine's defaults made explicit, so recorded
+        if main:
+            for name, value in self.state.sampling.items():
                 if forward.get(name) is None:
                     forward[name] = value
             forward.update(EXACT_STREAMED if stream else EXACT_NON_STREAMED)
@@ -285,56 +307,51 @@ class ChatProxy(SessionFlow, Recording):
             and not forward.get("max_completion_tokens")
         ):
             forward["max_tokens"] = self.pc.default_max_tokens
-        if stream and api is not None:  # the API's closing event carries the usage
+        if stream and translated:  # the API's closing event carries the usage
             forward["stream_options"] = {"include_usage": True}
-        leased = self.route(forward)
-        if stream:
-            return await self._stream(
-                request,
-                session,
-                index,
-                body,
-                forward,
-                wants,
-                headers,
-                created,
-                leased,
-                pending,
-                fence,
-                api,
-                exchange,
-                owner,
-            )
-        main = session.turn_type == "main"
+        return forward
+
+    async def _whole(self, call: Call) -> Response:
+        """A non-streamed answer: the engine's (a side chat turn's bytes untouched), then the turn recorded."""
+        fail = openai_error if call.api is None else call.api.error
+        session, index, forward, headers, created = (
+            call.session,
+            call.index,
+            call.forward,
+            call.headers,
+            call.created,
+        )
+        main = call.main
         sent = time.perf_counter()
         try:
             if (
-                not main and api is None
+                not main and call.api is None
             ):  # side chat turns: the engine's bytes go back untouched, never parsed
                 raw = await self.state.engine.chat_bytes(forward)
             else:
                 data = await self.state.engine.chat_raw(forward)
         except EngineError as exc:
-            if pending is not None:
-                await self.abandon(pending)
+            if call.pending is not None:
+                await self.abandon(call.pending)
             failure = engine_failure(exc, session.turn_type, "false")
             return fail(failure.status, str(failure), failure.err_type, failure.code, headers)
         finally:
-            self.unroute(leased)
-        if fence is not None and (refused := await self.forgotten(fence)) is not None:
+            self.unroute(call.leased)
+        if call.fence is not None and (refused := await self.forgotten(call.fence)) is not None:
             return fail(refused.status, str(refused), refused.err_type, refused.code)
-        if pending is not None:
-            session, index = await self.settle(session, pending, headers)
-            self.link(pending, session, _answer(data))
+        if call.pending is not None:
+            session, index = await self.settle(session, call.pending, headers)
+            self.link(call.pending, session, _answer(data))
         # How long the engine took, as the proxy saw it (a standard header, shown by browsers and tracers): what a
         # client measures beyond it is the proxy's own time.
         headers["Server-Timing"] = f"engine;dur={1000 * (time.perf_counter() - sent):.2f}"
         _OK[session.turn_type].inc()
         _LATENCY[False].observe(time.time() - created)
+        api, exchange, leased = call.api, call.exchange, call.leased
         if api is not None:
             assert exchange is not None
             if exchange.store and (answer := _answer(data)) is not None:
-                await self.keep(exchange, owner, session if main else None, answer)
+                await self.keep(exchange, call.owner, session if main else None, answer)
             rendered = api.render(exchange, data)
             if not main:
                 return Response(rendered, media_type="application/json", headers=headers)
@@ -347,10 +364,10 @@ class ChatProxy(SessionFlow, Recording):
             if leased is not None:  # the engine reports its base's version; the client's is the adapter's
                 raw = _json_encoder.encode(with_version(_json_decoder.decode(raw), leased))
             return Response(raw, media_type="application/json", headers=headers)
-        assert wants is not None
+        assert call.wants is not None
         # The client's copy drops what the proxy asked for on its own account; recording needs the original.
         payload = dict(data, choices=[dict(c) for c in data.get("choices") or ()])
-        strip_response(payload, wants)
+        strip_response(payload, call.wants)
         if leased is not None:
             payload = with_version(payload, leased)
         # The turn is built and recorded after the response has gone out: the user never waits for it.
@@ -457,77 +474,50 @@ class ChatProxy(SessionFlow, Recording):
         except Exception as exc:  # never the user's response: the continuation will be a 404
             log.warning("storing a response failed", extra={"error": repr(exc)})
 
-    async def _stream(
-        self,
-        request: Request,
-        session: SessionInfo,
-        index: asyncio.Future[int | None] | None,
-        body: dict[str, Any],
-        forward: dict[str, Any],
-        wants: dict[str, bool] | None,
-        headers: dict[str, str],
-        created: float,
-        leased: int | None = None,
-        pending: Pending | None = None,
-        fence: Fence | None = None,
-        api: Api | None = None,
-        exchange: Exchange | None = None,
-        owner: str = "",
-    ) -> Response:
+    async def _stream(self, call: Call) -> Response:
+        """A streamed answer: the engine's stream opened here, relayed by ``_relay``."""
+        api, leased = call.api, call.leased
         fail = openai_error if api is None else api.error
         try:
-            upstream = await self.state.engine.open_chat_stream(forward)
+            upstream = await self.state.engine.open_chat_stream(call.forward)
         except EngineError as exc:
             self.unroute(leased)
-            if pending is not None:
-                await self.abandon(pending)
-            failure = engine_failure(exc, session.turn_type, "true")
-            return fail(failure.status, str(failure), failure.err_type, failure.code, headers)
+            if call.pending is not None:
+                await self.abandon(call.pending)
+            failure = engine_failure(exc, call.session.turn_type, "true")
+            return fail(failure.status, str(failure), failure.err_type, failure.code, call.headers)
         except BaseException:  # cancelled (shutdown), or a bug: the lease still goes back
             self.unroute(leased)
             raise
-        if fence is not None and (refused := await self.forgotten(fence)) is not None:
+        if call.fence is not None and (refused := await self.forgotten(call.fence)) is not None:
             self.unroute(leased)
             await upstream.aclose()
             return fail(refused.status, str(refused), refused.err_type, refused.code)
-        events = api.events(exchange) if api is not None and exchange is not None else None
+        events = api.events(call.exchange) if api is not None and call.exchange is not None else None
         try:
-            return await self._relay(
-                upstream,
-                session,
-                index,
-                forward,
-                wants,
-                headers,
-                created,
-                leased,
-                pending,
-                events,
-                exchange,
-                owner,
-            )
+            return await self._relay(upstream, call, events)
         except BaseException:  # the lease back and the engine stream closed on every path, bugs included
             self.unroute(leased)
             await upstream.aclose()
             raise
 
-    async def _relay(
-        self,
-        upstream: Any,
-        session: SessionInfo,
-        index: asyncio.Future[int | None] | None,
-        forward: dict[str, Any],
-        wants: dict[str, bool] | None,
-        headers: dict[str, str],
-        created: float,
-        leased: int | None,
-        pending: Pending | None,
-        events: Events | None = None,
-        exchange: Exchange | None = None,
-        owner: str = "",
-    ) -> Response:
+    async def _relay(self, upstream: Any, call: Call, events: Events | None) -> Response:
         """The streamed response relaying an open engine stream (which the response then owns and closes): the
         engine's chunks as they are for chat, else each turned into the API's ``events``."""
+        session, index, forward, headers, created = (
+            call.session,
+            call.index,
+            call.forward,
+            call.headers,
+            call.created,
+        )
+        wants, leased, pending, exchange, owner = (
+            call.wants,
+            call.leased,
+            call.pending,
+            call.exchange,
+            call.owner,
+        )
         if pending is not None:  # the session's id is a response header: known before the first byte
             session, index = await self.settle(session, pending, headers)
         closed = False
