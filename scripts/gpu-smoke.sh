@@ -11,7 +11,9 @@
 #      plan at start and the step's peak GPU memory (gpu_peak_gib), to compare with `turnstream trainer plan`;
 #   6. with SMOKE_LORA=1, the one-GPU LoRA layout (compose.one-gpu.yaml) instead: SGLang with --enable-lora and its
 #      GPU LoRA backend, the trainer's step publishes a PEFT adapter, the reloader loads it beside the base and the
-#      next turn carries its version.
+#      next turn carries its version;
+#   7. one step on one SMOKE_LONG_TOKENS-token sample (default 32768: an agent's session), its peak GPU memory
+#      printed beside the memory plan's total for the same settings (scripts/gpu/long_step.py).
 # It prints PASS/FAIL per check, the time taken, and exits non-zero on any failure. Under 10 minutes once the
 # images are pulled and built. Everything it started is removed at the end (SMOKE_KEEP=1 keeps it).
 #
@@ -84,6 +86,9 @@ if [[ $rc -eq 0 ]]; then
     step_started=$(date +%s)
     compose run --rm --no-deps trainer trainer --hf-checkpoint /models/smoke --max-steps 1 || rc=1
     log "trainer step (start-up included): $(( $(date +%s) - step_started )) s"
+    log "one step on one ${SMOKE_LONG_TOKENS:-32768}-token sample: peak against the plan"
+    compose run --rm --no-deps -v "$REPO_ROOT/scripts/gpu:/smoke:ro" --entrypoint python trainer \
+        /smoke/long_step.py --hf-checkpoint /models/smoke --tokens "${SMOKE_LONG_TOKENS:-32768}" || rc=1
     [[ $rc -eq 0 ]] && { check served 1 || rc=1; }
 fi
 if [[ $rc -eq 0 && -n "${SMOKE_TRAINER_GPUS:-}" ]]; then

@@ -504,6 +504,15 @@ class TrainerConfig(_Section):
     more copy of this rank's model and optimizer state while it is written) and training goes on."""
     micro_batch_tokens: PositiveInt = 8192
     """Forward/backward passes hold at most this many (padded) tokens; gradients accumulate across them."""
+    max_sample_tokens: PositiveInt = 32768
+    """The longest sample trained, prompt and response (agents' turns start at 10-12k tokens). A sample over
+    ``micro_batch_tokens`` is a micro-batch of its own; the memory plan counts one of this length, so the trainer
+    refuses at start a layout where it would not fit. Longer samples follow ``long_samples``."""
+    long_samples: Literal["truncate", "drop"] = "truncate"
+    """A sample over ``max_sample_tokens``, decided as it is read (services/trainer/lengths.py): ``truncate`` cuts
+    its prompt's oldest tokens (the response and its log-probs untouched; counted as
+    ``turnstream_trainer_truncated_total``), or drops it where the response alone is longer; ``drop`` drops it.
+    A drop is counted (``turnstream_trainer_dropped_total{reason="too_long"}``) and logged."""
     recompute: Literal["auto", "none", "selective", "full"] = "auto"
     """Activation recompute (Megatron's): ``selective`` keeps no attention probabilities for backward (the
     sequence x sequence tensors, cheap to recompute); ``full`` keeps only each layer's input and reruns the layer
@@ -519,11 +528,13 @@ class TrainerConfig(_Section):
     """Megatron's tensor-parallel size."""
     pipeline_parallel: PositiveInt = 1
     """Model-parallel sizes; data parallelism is the rest of torchrun's world size."""
-    layer_spec: Literal["auto", "local", "te"] = "auto"
-    """Megatron-core's layer implementation: ``te``, Transformer Engine's (fused attention that never holds the
-    sequence x sequence probabilities, fused norm+linear; GPUs only, the trainer image installs it); ``local``,
-    Megatron's own (exact on the CPU, where the tests run); ``auto``: ``te`` where Transformer Engine imports and
-    CUDA is present, else ``local``. Both map to Hugging Face weights exactly."""
+    layer_spec: Literal["auto", "sdpa", "local", "te"] = "auto"
+    """Megatron-core's layer implementation: ``sdpa``, Megatron's local layer with torch's
+    ``scaled_dot_product_attention`` (flash kernels: memory linear in the sequence, on GPUs and the CPU); ``te``,
+    Transformer Engine's (fused attention, fused norm+linear; GPUs only, the ``te`` image installs it);
+    ``local``, Megatron's own attention (a ``[b, heads, s, s]`` matrix per layer: for comparison and short
+    sequences); ``auto``: ``te`` where Transformer Engine imports and CUDA is present, else ``sdpa``. All map to
+    Hugging Face weights exactly."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """``auto``: bf16 on GPUs, fp32 on the CPU."""
     collective_timeout_s: PositiveFloat = 600.0
@@ -573,7 +584,12 @@ class EvalConfig(_Section):
     personas: str = ""
     """Comma-separated persona names whose checks score the answers (default: all)."""
     max_tokens: PositiveInt = 64
-    """Per answer, as the simulated users ask (``turnstream simulate --max-tokens``)."""
+    """Per answer, as the simulated users ask (``turnstream simulate --max-tokens``); with ``thinking`` on, room
+    for the thinking as well (the GPU recipes: 1024)."""
+    thinking: bool = False
+    """The chat template's ``enable_thinking`` in every evaluation request (services/eval/asking.py): off, a
+    reasoning model (Qwen3) answers at once, in ``content``, which is what is scored; on, it thinks first and the
+    answer after ``</think>`` is scored (a reasoning parser on the engine separates them)."""
     concurrency: PositiveInt = 4
     """Held-out questions asked at once."""
     poll_s: PositiveFloat = 2.0

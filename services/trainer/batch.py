@@ -26,6 +26,13 @@ class Collated:
     behaviour_logprobs: Tensor | None = None
     """``[B, S - 1]`` the rollout log-probs when ``old_logprobs`` holds recomputed ones (``trainer.old_logprobs``
     ``recompute`` or ``decoupled``): the policy that actually sampled the response."""
+    scored: Tensor | None = None
+    """``[B, S - 1]`` bool: the positions that score a response token (masked or not), the only ones whose logits
+    are computed (``head.py``). None: every position."""
+
+    @property
+    def scored_positions(self) -> Tensor:
+        return self.scored if self.scored is not None else torch.ones_like(self.loss_mask, dtype=torch.bool)
 
     def to(self, device: torch.device) -> Collated:
         moved: dict[str, Any] = {f.name: _move(getattr(self, f.name), device) for f in fields(self)}

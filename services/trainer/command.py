@@ -46,11 +46,16 @@ def _plan(sub: Subparsers) -> None:
         help="default: trainer.recompute (auto: selective)",
     )
     plan.add_argument(
+        "--max-sample-tokens",
+        type=int,
+        help="the longest sample trained (default: trainer.max_sample_tokens)",
+    )
+    plan.add_argument(
         "--attention",
-        choices=["local", "fused"],
-        default="local",
-        help="Megatron's local attention (the trainer's without Transformer Engine, as on the CPU; default) or "
-        "Transformer Engine's fused one (the trainer's on GPUs where it is installed)",
+        choices=["sdpa", "te", "local"],
+        default="sdpa",
+        help="sdpa: torch's flash kernels in Megatron's layer (the runtime image's; default); te: Transformer "
+        "Engine's fused attention (the te image's); local: Megatron's own, s x s probabilities per layer",
     )
     plan.add_argument("--fp32", action="store_true", help="fp32 weights (default bf16, as on GPUs)")
     plan.add_argument(

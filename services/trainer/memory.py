@@ -63,10 +63,16 @@ class PlanInput(msgspec.Struct, frozen=True):
     vocab_parallel_logits: bool = True
     """The loss reads each rank's vocab slice, as the trainer does (False: the logits gathered over the vocab on
     every TP rank, as it did before)."""
-    fused_attention: bool = False
-    """Transformer Engine's fused (flash) attention: no probabilities kept or materialised, only q, k, v and the
-    softmax statistics. An estimate from the kernels' documented saved state, not measured here (no GPU); the
-    GPU smoke script compares it with ``torch.cuda.max_memory_allocated``. False: Megatron's local attention."""
+    attention: str = "sdpa"
+    """The trainer's attention (``trainer.layer_spec`` resolved): ``sdpa``, torch's flash kernels in Megatron's
+    local layer (q, k, v, the output and one log-sum-exp per head and position kept; measured on the CPU's flash
+    kernel); ``te``, Transformer Engine's fused attention (q, k, v and the softmax statistics: an estimate from
+    the kernels' documented saved state, not measured here; the GPU smoke script compares it with
+    ``torch.cuda.max_memory_allocated``); ``local``, Megatron's own (the ``s x s`` probabilities)."""
+    max_sample_tokens: int = 0
+    """The longest sample the trainer accepts (``trainer.max_sample_tokens``; 0: ``micro_batch_tokens``). One
+    longer than the budget is a micro-batch of its own: the plan is the larger of a full budget and one such
+    sample."""
     reserve_gib: float = DEFAULT_RESERVE_GIB
     lora_rank: int = 0
     """LoRA adapters of this rank on ``lora_targets`` train instead of the model (0: full fine-tuning)."""
@@ -184,7 +190,7 @@ def layer_activations(spec: ModelSpec, lay: PlanInput, recompute: str | None = N
         )  # fp32 without GQA: k's normed values are what attention keeps
         total += 8 * t * q + k_norm * t * k + 4 * t * (heads + kv_heads)
         fused_qkv_kept = w == 4  # the fp32 norm reads the fused QKV output in place
-    if lay.fused_attention:  # q, k, v and the log-sum-exp per head and token; nothing sequence x sequence
+    if lay.attention == "te":  # q, k, v and the log-sum-exp per head and token; nothing sequence x sequence
         total += w * t * (q + 2 * k) + 4 * t * heads
     elif (
         recompute == "selective"
@@ -194,32 +200,57 @@ def layer_activations(spec: ModelSpec, lay: PlanInput, recompute: str | None = N
     else:
         total += w * t * (3 * q if gqa else 2 * q)
         fused_qkv_kept = fused_qkv_kept or not gqa  # without GQA, v is a view of the fused output
-        total += b * heads * s * s * (4 if w == 4 else 4 + w)  # probabilities: fp32 softmax (+ a w copy)
+        if (
+            lay.attention == "sdpa"
+        ):  # the kernel's log-sum-exp per head and position (its output is the context)
+            total += 4 * t * heads
+        else:
+            total += b * heads * s * s * (4 if w == 4 else 4 + w)  # probabilities: fp32 softmax (+ a w copy)
     if fused_qkv_kept:
         total += w * t * (q + 2 * k)
     return total
 
 
 def attention_workspace(spec: ModelSpec, lay: PlanInput) -> int:
-    """The transient peak of one layer's local attention in backward: its probabilities (fp32 and the ``w``
-    copy) and their gradient; the kept activations already hold them under ``none``."""
-    if lay.recompute == "none" or lay.fused_attention:
+    """The transient peak of one layer's local attention in backward beyond what it keeps: the probabilities'
+    gradient (fp32), and under selective recompute the recomputed probabilities (fp32 and the ``w`` copy) too.
+    Under full recompute the rerun layer keeps what ``none`` keeps and adds this. Nothing ``s x s`` for the
+    flash kernels (``sdpa``, ``te``)."""
+    if lay.attention != "local":
         return 0
     t = lay.micro_batch_tokens
     s = lay.seq_len or t
     b = max(1, t // s)
     heads = spec.num_heads // lay.tp
-    return b * heads * s * s * (8 + lay.dtype_bytes)
+    kept = 0 if lay.recompute == "selective" else 4 + lay.dtype_bytes
+    return b * heads * s * s * (8 + lay.dtype_bytes - kept)
 
 
 def logits_bytes(spec: ModelSpec, lay: PlanInput) -> int:
-    """The output layer's logits kept for the loss and their gradient, the loss's fp32 chunk, the mask."""
+    """The output layer, applied to the response's positions ``LOSS_CHUNK`` at a time (``head.py``): one chunk's
+    logits and their gradient in the model's dtype, the loss's float32 chunk, the gathered hidden states of
+    every position and their gradient, the per-token figures. Under local attention, the ``[b, 1, s, s]`` mask."""
     vocab = padded_vocab(spec.vocab_size, lay.tp)
     v = vocab // lay.tp if lay.vocab_parallel_logits else vocab
     t = lay.micro_batch_tokens
     s = lay.seq_len or t
     chunk = min(LOSS_CHUNK, t)
-    return 2 * lay.dtype_bytes * t * v + 3 * 4 * chunk * v + 8 * t + max(1, t // s) * s * s
+    mask = max(1, t // s) * s * s if lay.attention == "local" else 0
+    return (
+        2 * lay.dtype_bytes * chunk * v
+        + 3 * 4 * chunk * v
+        + 2 * lay.dtype_bytes * t * spec.hidden_size
+        + 24 * t
+        + mask
+    )
+
+
+def shapes(lay: PlanInput) -> list[PlanInput]:
+    """The micro-batch shapes the trainer can form: a full budget, and a longest sample alone when it exceeds it."""
+    longest = lay.max_sample_tokens
+    if longest <= lay.micro_batch_tokens:
+        return [lay]
+    return [lay, msgspec.structs.replace(lay, micro_batch_tokens=longest, seq_len=longest)]
 
 
 def plan(spec: ModelSpec, lay: PlanInput) -> MemoryPlan:
@@ -232,17 +263,18 @@ def plan(spec: ModelSpec, lay: PlanInput) -> MemoryPlan:
     opt_per_param = 8 + (4 if w == 2 else 0)  # Adam's two moments, and the fp32 main weights under bf16
     shard = lay.dp if lay.distributed_optimizer else 1
     layers = spec.num_layers // lay.pp
-    per_layer = layer_activations(spec, lay)
-    one_layer = layer_activations(spec, lay, "none") if lay.recompute == "full" else 0
-    workspace = attention_workspace(spec, lay) if lay.recompute != "full" else 0
     activations = 0
     logits = 0
-    for st in stages:
-        in_flight = lay.pp - st  # 1F1B: stage st holds this many micro-batches' activations at its peak
-        acts = in_flight * layers * per_layer + max(one_layer, workspace)
-        lgt = logits_bytes(spec, lay) if st == lay.pp - 1 else 0
-        if acts + lgt > activations + logits:
-            activations, logits = acts, lgt
+    for shape in shapes(lay):
+        per_layer = layer_activations(spec, shape)
+        one_layer = layer_activations(spec, shape, "none") if lay.recompute == "full" else 0
+        transient = one_layer + attention_workspace(spec, shape)
+        for st in stages:
+            in_flight = lay.pp - st  # 1F1B: stage st holds this many micro-batches' activations at its peak
+            acts = in_flight * layers * per_layer + transient
+            lgt = logits_bytes(spec, shape) if st == lay.pp - 1 else 0
+            if acts + lgt > activations + logits:
+                activations, logits = acts, lgt
     return MemoryPlan(
         layout=lay,
         params=params,
@@ -321,11 +353,11 @@ def resolve_recompute(setting: str, *, cuda: bool) -> str:
 
 def resolve_layer_spec(setting: str, *, te_usable: bool) -> str:
     """``trainer.layer_spec`` with ``auto`` resolved: ``te`` (fused attention) only where Transformer Engine is
-    installed and CUDA runs; ``te`` refused elsewhere. The runtime image has no Transformer Engine: ``local``."""
+    installed and CUDA runs; ``te`` refused elsewhere. The runtime image has no Transformer Engine: ``sdpa``."""
     if setting == "auto":
-        return "te" if te_usable else "local"
+        return "te" if te_usable else "sdpa"
     if setting == "te" and not te_usable:
-        raise ValueError("trainer.layer_spec te needs Transformer Engine and CUDA; use local (or auto) here")
+        raise ValueError("trainer.layer_spec te needs Transformer Engine and CUDA; use sdpa (or auto) here")
     return setting
 
 
@@ -342,7 +374,7 @@ def for_trainer(
     dp: int,
     dtype_bytes: int,
     recompute: str,
-    fused_attention: bool = False,
+    attention: str = "sdpa",
 ) -> PlanInput:
     """The plan input of a trainer configuration as the trainer runs it."""
     return PlanInput(
@@ -354,7 +386,8 @@ def for_trainer(
         distributed_optimizer=config.distributed_optimizer,
         dtype_bytes=dtype_bytes,
         reference=config.reference_copy,
-        fused_attention=fused_attention,
+        attention=attention,
+        max_sample_tokens=config.max_sample_tokens,
         lora_rank=config.lora.rank if config.lora.enabled else 0,
         lora_targets=tuple(config.lora.target_modules) if config.lora.enabled else (),
     )

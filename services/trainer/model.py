@@ -125,7 +125,7 @@ def build_model(
     layout: ParallelLayout | None = None,
     recompute: str = "none",
     initialise: bool = True,
-    layer_spec: str = "local",
+    layer_spec: str = "auto",
 ) -> Any:
     """This rank's part of the GPTModel: its pipeline stage's layers, its tensor-parallel slices. Logits stay
     split over the vocabulary (``parallel_output``): the loss reduces over the tensor-parallel group instead of
@@ -176,10 +176,15 @@ def build_model(
         recompute_method="uniform" if granularity == "full" else None,
         recompute_num_layers=1 if granularity == "full" else None,
     )
-    if layer_spec_for(layer_spec) == "te":  # fused attention and norm+linear; names: local_spec_name
+    attention = layer_spec_for(layer_spec)
+    if attention == "te":  # fused attention and norm+linear; names: local_spec_name
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         layers = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.family == "qwen3")
+    elif attention == "sdpa":  # the local layer, attention linear in the sequence (attention.py)
+        from services.trainer.attention import sdpa_layer_spec
+
+        layers = sdpa_layer_spec(qk_layernorm=spec.family == "qwen3")
     else:
         layers = get_gpt_layer_local_spec(qk_layernorm=spec.family == "qwen3", normalization="RMSNorm")
     with cpu_allocations():  # tied embeddings under PP: Megatron moves the shared copy with .cuda()
@@ -197,6 +202,7 @@ def build_model(
         )
     if not initialise:
         mark_tensor_parallel(model)
+    model.turnstream_mask_free = attention == "sdpa"  # causal by construction: no [b, 1, s, s] mask to build
     return model
 
 
@@ -326,13 +332,39 @@ def causal_padding_mask(attention_mask: Tensor) -> Tensor:
     return causal[None, None] | pad
 
 
+def _mask(model: Any, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
+    from services.trainer.head import gpt_model
+
+    if getattr(gpt_model(model), "turnstream_mask_free", False):
+        return None
+    return causal_padding_mask(torch.ones_like(input_ids) if attention_mask is None else attention_mask)
+
+
+def _positions(input_ids: Tensor) -> Tensor:
+    b, s = input_ids.shape
+    return torch.arange(s, device=input_ids.device)[None].expand(b, s)
+
+
 def forward_logits(model: Any, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     """``[B, S]`` ids (right-padded) -> ``[B, S, V]`` logits (``V``: this rank's vocabulary slice under tensor
     parallelism, padding columns included; ``logprobs.VocabShard`` says which). On a pipeline stage other than the
     last: that stage's ``[S, B, H]`` hidden states."""
-    b, s = input_ids.shape
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
-    out: torch.Tensor = model(input_ids, position_ids, causal_padding_mask(attention_mask))
+    out: torch.Tensor = model(input_ids, _positions(input_ids), _mask(model, input_ids, attention_mask))
+    return out
+
+
+def forward_hidden(model: Any, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """``[B, S]`` ids (right-padded) -> ``[S, B, H]`` hidden states after the final norm, without the output
+    layer (``head.py`` applies it where the loss reads it); on a stage before the last, that stage's output.
+    Megatron's ``GPTModel`` returns its decoder's output when it is not the last stage (``post_process``), so the
+    flag is lowered for the call: the decoder keeps its own and still applies the final norm."""
+    from services.trainer.head import gpt_model
+
+    gpt = gpt_model(model)
+    last = gpt.post_process
+    gpt.post_process = False
+    try:
+        out: torch.Tensor = model(input_ids, _positions(input_ids), _mask(model, input_ids, attention_mask))
+    finally:
+        gpt.post_process = last
     return out

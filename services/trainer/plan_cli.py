@@ -60,7 +60,8 @@ def run_plan(config: Config, args: argparse.Namespace) -> int:
         reference=reference_copy(
             tc.kl_coef > 0 if args.kl is None else args.kl, lora, tc.reference_checkpoint
         ),
-        fused_attention=args.attention == "fused",
+        attention=args.attention,
+        max_sample_tokens=args.max_sample_tokens or tc.max_sample_tokens,
         lora_rank=tc.lora.rank if lora else 0,
         lora_targets=tuple(tc.lora.target_modules) if lora else (),
     )
@@ -95,7 +96,8 @@ def run_plan(config: Config, args: argparse.Namespace) -> int:
     else:
         print(
             f"{path}: {spec.family}, {total_params(spec) / 1e9:.2f} B parameters; {gpus} GPU(s) of "
-            f"{gpu_gib:.0f} GiB; {base.micro_batch_tokens} tokens per micro-batch, "
+            f"{gpu_gib:.0f} GiB; {base.micro_batch_tokens} tokens per micro-batch, samples up to "
+            f"{max(base.max_sample_tokens, base.micro_batch_tokens)} tokens, {base.attention} attention, "
             f"{'fp32' if args.fp32 else 'bf16'}{', reference model' if base.reference else ''}"
             f"{f', LoRA rank {base.lora_rank}' if base.lora_rank else ''}"
         )

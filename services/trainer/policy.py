@@ -22,7 +22,7 @@ from services.trainer.cpu_shim import cpu_allocations
 from services.trainer.export import hf_entries, hf_stream, local_parameters
 from services.trainer.hf_load import load_hf_into, safetensors_source
 from services.trainer.logprobs import VocabShard
-from services.trainer.model import build_model, forward_logits, init_parallel
+from services.trainer.model import build_model, forward_hidden, forward_logits, init_parallel
 from services.trainer.optimizer_state import load_optimizer_state, optimizer_state
 from services.trainer.parallel import ParallelLayout, dtype_for
 from services.trainer.safetensors_stream import Entry
@@ -38,7 +38,7 @@ def _load(
     dtype: torch.dtype,
     layout: ParallelLayout,
     recompute: str = "none",
-    layer_spec: str = "local",
+    layer_spec: str = "auto",
 ) -> Any:
     module = build_model(spec, dtype, layout, recompute, initialise=False, layer_spec=layer_spec)
     with safetensors_source(path) as source:  # this rank's slices only
@@ -50,7 +50,7 @@ def _load(
 
 def check_memory(spec: ModelSpec, config: TrainerConfig, layout: ParallelLayout, dtype: torch.dtype) -> None:
     """Refuse a layout whose memory plan exceeds ``trainer.gpu_memory_gib`` (default: the GPU's free memory)
-    before any weight is read."""
+    before any weight is read, and hold the process to ``trainer.gpu_memory_gib`` when it is set."""
     from services.trainer.memory import GIB, check_fits, for_trainer
     from services.trainer.model import layer_spec_for, recompute_for
 
@@ -66,9 +66,15 @@ def check_memory(spec: ModelSpec, config: TrainerConfig, layout: ParallelLayout,
         dp=layout.dp,
         dtype_bytes=2 if dtype == torch.bfloat16 else 4,
         recompute=recompute_for(config.recompute),
-        fused_attention=layer_spec_for(config.layer_spec) == "te",
+        attention=layer_spec_for(config.layer_spec),
     )
     planned = check_fits(spec, lay, limit)
+    if config.gpu_memory_gib and torch.cuda.is_available():
+        # The cap held, not only planned: past it this process fails with an OutOfMemoryError of its own instead
+        # of taking what SGLang on the same GPU needs. (expandable_segments, set at start, keeps fragmentation
+        # from spending the difference.)
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, config.gpu_memory_gib * GIB / total))
     log.info(
         "memory plan",
         extra={"limit_gib": round(limit, 1), **{name: round(gib, 2) for name, gib in planned.rows()}},
@@ -156,7 +162,12 @@ class Policy:
         return cls(spec, module, ddp, optimizer, config, layout, reference)
 
     def forward(self, model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits over this rank's vocabulary slice (``vocab``) on the last stage; hidden states before it."""
+        """What the step runs (``step.Forward``): the final hidden states on the last stage, the output layer
+        left to the loss (``head.py``); the stage's output before it."""
+        return forward_hidden(model, tokens, attention_mask)
+
+    def logits(self, model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, S, V]`` logits over this rank's vocabulary slice (``vocab``) at every position."""
         return forward_logits(model, tokens, attention_mask)
 
     @functools.cached_property

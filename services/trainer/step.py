@@ -30,12 +30,16 @@ from schemas.modes import mode_spec
 from services.trainer import advantages as batch_advantages
 from services.trainer import terms as loss_terms
 from services.trainer.batch import Collated
+from services.trainer.head import Hidden, Output, output_figures, output_head
 from services.trainer.logprobs import VocabShard, shifted
 from services.trainer.lora import AdaptersOff, disabled
 from services.trainer.loss import low_var_kl, sample_advantages
 from services.trainer.parallel import ParallelLayout
 
 Forward = Callable[[Any, Tensor, Tensor], Tensor]
+"""(model, ``[B, S]`` tokens, ``[B, S]`` attention mask) -> ``[S, B, H]`` hidden states after the final norm on the
+last pipeline stage (``model.forward_hidden``; the step applies the output layer where the loss reads it,
+``head.py``), the stage's output before it."""
 
 
 class StepStats(msgspec.Struct):
@@ -103,6 +107,7 @@ def collate(
     topk_lp = torch.zeros(b, width - 1, k) if k else None
     topk_mask = torch.zeros(b, width - 1) if k else None
     behaved = torch.zeros(b, width - 1) if behaviour is not None else None
+    scored = torch.zeros(b, width - 1, dtype=torch.bool)
     for i, s in enumerate(samples):
         n, p = len(s.tokens), s.prompt_length
         tokens[i, :n] = torch.tensor(s.tokens)
@@ -114,6 +119,7 @@ def collate(
         teacher = torch.tensor(s.teacher_logprobs, dtype=torch.float32) if s.teacher_logprobs else None
         mask = torch.tensor(s.loss_mask, dtype=torch.float32)
         loss_mask[i, span] = mask
+        scored[i, span] = True
         old[i, span] = old_lp
         if behaved is not None and behaviour is not None:
             behaved[i, span] = torch.tensor(behaviour[i], dtype=torch.float32)
@@ -126,7 +132,9 @@ def collate(
             topk_lp[i, span] = torch.tensor([row[:k] for row in s.topk_logprobs], dtype=torch.float32)
             if topk_mask is not None:
                 topk_mask[i, span] = mask
-    return Collated(tokens, attention, loss_mask, old, adv, real, topk_ids, topk_lp, topk_mask, behaved)
+    return Collated(
+        tokens, attention, loss_mask, old, adv, real, topk_ids, topk_lp, topk_mask, behaved, scored
+    )
 
 
 def check_seams(settings: TrainerConfig) -> None:
@@ -233,7 +241,7 @@ def recomputed_logprobs(
 
 
 def micro_loss(
-    logits: Tensor,
+    out: Output,
     c: Collated,
     settings: TrainerConfig,
     total: int,
@@ -243,12 +251,22 @@ def micro_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the step's loss: the sum of the configured terms (``terms.py``), each a sum of
     per-sample token means divided by the number of samples in the whole (rank-local) batch, so micro-batching
-    never changes the update. Returns the loss and detached sums for reporting."""
+    never changes the update. ``out``: the model's (hidden states and head) or ``[B, S, V]`` logits. Returns the
+    loss and detached sums for reporting."""
     topk_ids = c.topk_ids if settings.topk_coef else None
-    new, entropy, student = shifted(logits, c.tokens, topk_ids, shard=vocab)
+    new, entropy, student = output_figures(out, c, topk_ids, shard=vocab)
     assert entropy is not None  # always reported (no memory: the chunked pass keeps nothing for it)
     x = loss_terms.LossInputs(
-        logits, new, entropy, student, c, settings, total, topk_total, ref_logprobs, vocab=vocab
+        output=out,
+        new=new,
+        entropy=entropy,
+        topk_student=student,
+        batch=c,
+        settings=settings,
+        total=total,
+        topk_total=topk_total,
+        ref_logprobs=ref_logprobs,
+        vocab=vocab,
     )
     loss: Tensor | None = None
     sums: dict[str, Tensor] = {}
@@ -262,7 +280,7 @@ def micro_loss(
             part = value if coef == 1.0 else coef * value
             loss = part if loss is None else loss + part
     if loss is None:  # every term off for this micro-batch: a zero that still reaches every parameter
-        loss = (logits * 0.0).sum()
+        loss = (new * 0.0).sum()
     sums.update(x.counts)
     sums["tokens"] = c.loss_mask.sum()
     behaviour = c.old_logprobs if c.behaviour_logprobs is None else c.behaviour_logprobs
@@ -275,11 +293,12 @@ def _schedule(
     model: Any,
     micro: list[Collated],
     forward: Forward,
-    loss_of: Callable[[int, Collated, Tensor], tuple[Tensor, dict[str, Tensor]]],
+    loss_of: Callable[[int, Collated, Hidden], tuple[Tensor, dict[str, Tensor]]],
     forward_only: bool,
 ) -> list[dict[str, Tensor]]:
     """Megatron's forward-backward schedule over the micro-batches (pipelined when PP > 1). The schedule divides
-    each loss by the number of micro-batches; ``loss_of`` returns shares of a total, so that is undone here."""
+    each loss by the number of micro-batches; ``loss_of`` returns shares of a total, so that is undone here. The
+    last stage's output reaches ``loss_of`` with the model chunk's output layer (``head.Hidden``)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from services.trainer.cpu_shim import cpu_allocations
@@ -291,8 +310,8 @@ def _schedule(
         c = micro[i]
         output = forward(chunk, c.tokens, c.attention_mask)
 
-        def finish(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-            loss, sums = loss_of(i, c, logits)
+        def finish(states: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            loss, sums = loss_of(i, c, Hidden(states, output_head(chunk)))
             return loss * n, sums
 
         return output, finish
@@ -324,7 +343,10 @@ def reference_logprobs(
             model,
             micro,
             forward,
-            lambda i, c, logits: (logits.new_zeros(()), {"ref": token_logprobs(logits, c.tokens, vocab)}),
+            lambda i, c, out: (
+                out.states.new_zeros(()),
+                {"ref": output_figures(out, c, with_entropy=False, shard=vocab)[0]},
+            ),
             forward_only=True,
         )
     return [o["ref"] for o in outs]
@@ -443,9 +465,7 @@ def train_step(
         model,
         micro,
         forward,
-        lambda i, c, logits: micro_loss(
-            logits, c, settings, total, topk_total, refs[i] if refs else None, vocab
-        ),
+        lambda i, c, out: micro_loss(out, c, settings, total, topk_total, refs[i] if refs else None, vocab),
         forward_only=False,
     )
     config = getattr(model, "config", None)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from runtime.configuration.config import TrainerConfig
 from runtime.configuration.plugins import PluginError, load_function
+from services.trainer.head import Hidden, Output
 from services.trainer.logprobs import VocabShard
 from services.trainer.loss import low_var_kl, ppo_clip_loss, topk_distillation_loss, truncated_importance
 
@@ -34,9 +35,8 @@ class LossInputs:
     per-token figures (``logprobs.py`` makes them in one chunked pass without a vocabulary-sized log-softmax);
     ``logp`` is there for a term that needs the whole distribution, at the cost of that tensor."""
 
-    logits: Tensor
-    """``[B, S, V]`` the policy's logits (with gradient); under tensor parallelism, this rank's slice of the
-    vocabulary (``vocab``)."""
+    output: Output
+    """The model's output: its final hidden states and output layer (``head.Hidden``), or logits."""
     new: Tensor
     """``[B, S - 1]`` the policy's log-prob of each token (with gradient)."""
     entropy: Tensor
@@ -56,6 +56,13 @@ class LossInputs:
     """Detached sums a term reports beside its value (``pg`` puts the clipped-token count here)."""
     vocab: VocabShard | None = None
     """The vocabulary slice ``logits`` hold under tensor parallelism (None: the whole vocabulary)."""
+
+    @functools.cached_property
+    def logits(self) -> Tensor:
+        """``[B, S, V]`` the policy's logits at every position (with gradient); under tensor parallelism, this
+        rank's slice of the vocabulary (``vocab``). The step computes logits only where a response token is
+        scored (``head.py``): a term that reads these pays for every position's, kept for backward."""
+        return self.output.logits() if isinstance(self.output, Hidden) else self.output
 
     @functools.cached_property
     def logp(self) -> Tensor:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ import msgspec
 from aiokafka import TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from runtime.configuration.config import Config, KafkaConfig
+from runtime.configuration.config import Config, KafkaConfig, TrainerConfig
 from runtime.messaging.bus import (
     EventProducer,
     consumer_group,
@@ -55,6 +56,7 @@ from services.trainer.checkpoints import (
     VersionFiles,
 )
 from services.trainer.collective import barrier, broadcast
+from services.trainer.lengths import fit_length
 from services.trainer.parallel import ParallelLayout
 from services.trainer.rank_thread import RankThread
 from services.trainer.safetensors_stream import Entry
@@ -78,6 +80,10 @@ STALENESS = Histogram(
 LAST = Gauge("turnstream_trainer_last", "Figures of the last step", ["name"])
 REWARD = Gauge("turnstream_trainer_reward_mean", "Mean reward of the last step's samples, by kind", ["kind"])
 PENDING = Gauge("turnstream_trainer_pending_samples", "Samples held toward the next batch")
+TRUNCATED = Counter(
+    "turnstream_trainer_truncated_total",
+    "Samples over trainer.max_sample_tokens trained with their prompt cut",
+)
 VERSION = Gauge("turnstream_trainer_version", "Newest published weight version")
 STEP_SECONDS = Histogram("turnstream_trainer_step_seconds", "One optimizer step (forward, backward, update)")
 CHECKPOINT_SECONDS = Histogram(
@@ -467,6 +473,9 @@ async def run_trainer(
     tc = config.trainer
     if not tc.hf_checkpoint:
         raise SystemExit("turnstream trainer: set trainer.hf_checkpoint (the policy's Hugging Face folder)")
+    # Before the first CUDA allocation: segments that grow in place, so a long sample's step does not fail on
+    # fragmentation under the per-process cap (policy.check_memory).
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     layout = ParallelLayout.from_env(tc.tensor_parallel, tc.pipeline_parallel)
     root = output_root(tc.output_dir) if tc.output_dir else cache_dir() / "weights"
     store = TrainerStore(root)
@@ -569,7 +578,10 @@ async def _run_rank(
                             log.warning("undecodable sample dead-lettered", extra={"offset": rec.offset})
                         pending.processed(tp.partition, rec.offset)
                         continue
-                    sample = decoded.event
+                    sample = _fitted(decoded.event, tc)
+                    if sample is None:
+                        pending.processed(tp.partition, rec.offset)
+                        continue
                     if trainer.replay or trainer.fresh(sample):  # a replay judges staleness after it
                         pending.add(tp.partition, rec.offset, sample)
                     else:
@@ -638,6 +650,26 @@ async def _run_rank(
         await producer.stop()
         if clean:
             await torch_thread.run(shutdown_parallel, layout)
+
+
+def _fitted(sample: Sample, tc: TrainerConfig) -> Sample | None:
+    """The sample as the trainer is planned to take it (``lengths.py``), counted and logged when it is not."""
+    fitted = fit_length(sample, tc.max_sample_tokens, tc.long_samples)
+    if fitted is None:
+        DROPPED.labels("too_long").inc()
+        log.warning(
+            "sample longer than trainer.max_sample_tokens dropped: raise it (the memory plan must allow it: "
+            "`turnstream trainer plan`), or set trainer.long_samples = truncate",
+            extra={
+                "sample_id": sample.sample_id,
+                "tokens": len(sample.tokens),
+                "response_tokens": sample.response_length,
+                "max_sample_tokens": tc.max_sample_tokens,
+            },
+        )
+    elif fitted is not sample:
+        TRUNCATED.inc()
+    return fitted
 
 
 async def _at_end(consumer: Any, tps: list[TopicPartition]) -> bool:

@@ -5,6 +5,7 @@ Hopper GPU."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -85,3 +86,22 @@ def test_the_engine_flags_run_on_hopper_in_float32() -> None:
         # sgl_kernel's RMSNorm has no fp32 kernel; Triton's fp32 dots are TF32 unless told otherwise
         assert env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch" and env["TRITON_F32_DEFAULT"] == "ieee"
         assert env["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "1", "compose.yaml's own environment is kept"
+
+
+def test_the_long_step_script_trains_one_long_sample_and_prints_its_figures(tmp_path: Path) -> None:
+    """What gpu-smoke.sh runs for check 7, on the CPU with a small model and a shorter sample."""
+    from tests.services.trainer.conftest import save_tiny_llama
+
+    model = save_tiny_llama(tmp_path / "model", max_positions=4096)
+    out = subprocess.run(
+        [sys.executable, "scripts/gpu/long_step.py", "--hf-checkpoint", str(model), "--tokens", "3000"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["tokens"] == 3000 and figures["response_tokens"] == 512 and figures["applied"]
+    assert figures["attention"] == "sdpa" and figures["plan_gib"] > 0 and figures["gpu_peak_gib"] is None

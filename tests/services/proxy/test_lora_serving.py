@@ -75,7 +75,7 @@ def trainer_logprobs(
     load_adapter_state(policy.module, state)
     tokens = torch.tensor([prompt + response])
     with torch.no_grad():
-        logits = policy.forward(policy.model, tokens, torch.ones_like(tokens))[..., : policy.spec.vocab_size]
+        logits = policy.logits(policy.model, tokens, torch.ones_like(tokens))[..., : policy.spec.vocab_size]
     return token_logprobs(logits.float(), tokens)[0, len(prompt) - 1 :].tolist()
 
 

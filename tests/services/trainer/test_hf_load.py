@@ -77,10 +77,10 @@ def test_a_model_built_for_loading_is_marked_like_an_initialised_one(family: str
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="what a host without Transformer Engine and CUDA resolves"
 )
-def test_the_layer_spec_resolves_to_local_here_and_te_is_refused() -> None:
+def test_the_layer_spec_resolves_to_sdpa_here_and_te_is_refused() -> None:
     from services.trainer.model import layer_spec_for
 
-    assert layer_spec_for("auto") == "local" and layer_spec_for("local") == "local"
+    assert layer_spec_for("auto") == "sdpa" and layer_spec_for("local") == "local"
     with pytest.raises(ValueError, match="needs Transformer Engine and CUDA"):
         layer_spec_for("te")
 

@@ -39,8 +39,9 @@ MASK = (TOKENS != 0).long()
 
 def logits(policy: Any) -> torch.Tensor:
     with torch.no_grad():
-        out: torch.Tensor = policy.forward(policy.model, TOKENS, MASK)
-    return out[..., : policy.spec.vocab_size].float()
+        out: torch.Tensor = policy.logits(policy.model, TOKENS, MASK)
+    # the tokens' positions: what padding positions compute is never read (the trainer's attention is causal)
+    return out[..., : policy.spec.vocab_size].float() * MASK[..., None]
 
 
 def test_adapters_at_init_change_nothing(tiny_llama: Path) -> None:
@@ -85,7 +86,7 @@ def test_a_step_moves_only_the_adapters_and_the_optimizer_holds_only_them(tiny_l
 def _hf_logits(model: Any) -> torch.Tensor:
     with torch.no_grad():
         out: torch.Tensor = model(input_ids=TOKENS, attention_mask=MASK).logits
-    return out.float()
+    return out.float() * MASK[..., None]
 
 
 @pytest.mark.parametrize("targets", [None, SUBSET], ids=["all", "subset"])

@@ -51,12 +51,14 @@ def _tiny(family: str, layers: int, heads: int, kv_heads: int) -> ModelSpec:
     )
 
 
-def _saved_bytes(spec: ModelSpec, dtype: torch.dtype, recompute: str, b: int, s: int) -> int:
+def _saved_bytes(
+    spec: ModelSpec, dtype: torch.dtype, recompute: str, b: int, s: int, attention: str = "local"
+) -> int:
     """Bytes of the distinct storages autograd keeps for backward in one forward (parameters excluded)."""
     from services.trainer.model import build_model, forward_logits, init_parallel
 
     init_parallel()
-    model = build_model(spec, dtype, recompute=recompute)
+    model = build_model(spec, dtype, recompute=recompute, layer_spec=attention)
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     kept: dict[int, int] = {}
@@ -73,6 +75,7 @@ def _saved_bytes(spec: ModelSpec, dtype: torch.dtype, recompute: str, b: int, s:
     return sum(kept.values())
 
 
+@pytest.mark.parametrize("attention", ["local", "sdpa"])
 @pytest.mark.parametrize(
     ("family", "heads", "kv_heads", "dtype", "recompute"),
     [
@@ -88,20 +91,22 @@ def _saved_bytes(spec: ModelSpec, dtype: torch.dtype, recompute: str, b: int, s:
     ],
 )
 def test_the_activation_model_is_what_megatron_keeps_per_layer(
-    family: str, heads: int, kv_heads: int, dtype: torch.dtype, recompute: str
+    family: str, heads: int, kv_heads: int, dtype: torch.dtype, recompute: str, attention: str
 ) -> None:
     """One layer's saved bytes (a 2-layer model minus a 1-layer one) equal the plan's, byte for byte, for two
-    micro-batch shapes (the sequence x sequence term and the per-token terms move differently)."""
+    micro-batch shapes (the sequence x sequence term and the per-token terms move differently), with Megatron's
+    local attention and with torch's flash kernel (``sdpa``: nothing sequence x sequence)."""
     torch.set_num_threads(1)
     for b, s in ((2, 48), (1, 80)):
-        got = _saved_bytes(_tiny(family, 2, heads, kv_heads), dtype, recompute, b, s) - _saved_bytes(
-            _tiny(family, 1, heads, kv_heads), dtype, recompute, b, s
-        )
+        got = _saved_bytes(
+            _tiny(family, 2, heads, kv_heads), dtype, recompute, b, s, attention
+        ) - _saved_bytes(_tiny(family, 1, heads, kv_heads), dtype, recompute, b, s, attention)
         lay = PlanInput(
             micro_batch_tokens=b * s,
             seq_len=s,
             recompute=recompute,
             dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
+            attention=attention,
         )
         want = layer_activations(_tiny(family, 1, heads, kv_heads), lay)
         # Selective recompute adds Megatron's 4-byte RNG-state tensor per checkpoint.
@@ -123,7 +128,14 @@ def test_qwen3_8b_on_tp2_dp3_by_hand() -> None:
     """The issue's layout arithmetic: 2 bytes of bf16 weights, 4 of fp32 gradients, 12 of optimizer state sharded
     over 3 data-parallel ranks, per parameter of one TP rank; activations of 36 layers with selective recompute
     at 8,192 tokens, plus one layer's attention probabilities while they are recomputed."""
-    lay = PlanInput(tp=2, dp=3, micro_batch_tokens=8192, recompute="selective", distributed_optimizer=True)
+    lay = PlanInput(
+        tp=2,
+        dp=3,
+        micro_batch_tokens=8192,
+        recompute="selective",
+        distributed_optimizer=True,
+        attention="local",
+    )
     p = plan(qwen3("8b"), lay)
     layer = (4096 * 48 * 128 + 32 * 128 * 4096 + 3 * 12288 * 4096) // 2 + 2 * 4096 + 2 * 128
     vocab_rows = 152064 // 2  # 151,936 padded to a multiple of 128 x 2, split over 2 ranks
@@ -145,9 +157,15 @@ def test_qwen3_8b_on_tp2_dp3_by_hand() -> None:
     probs = 16 * t * t * (4 + 2 + 4)  # fp32 softmax, bf16 copy, fp32 gradient of one layer
     assert p.activations == 36 * per_layer + probs
     vocab_slice = 152064 // 2  # each rank's logits are its half of the vocabulary
-    assert p.logits == 2 * 2 * t * vocab_slice + 12 * 1024 * vocab_slice + 8 * t + t * t
+    # the output layer on 1,024 positions at a time: their bf16 logits and gradient, the loss's fp32 chunk; the
+    # gathered hidden states and their gradient, the per-token figures; local attention's [1, 1, s, s] mask
+    head = 2 * 2 * 1024 * vocab_slice + 12 * 1024 * vocab_slice + 2 * 2 * t * h + 24 * t
+    assert p.logits == head + t * t
     assert p.total == (2 + 4 + 4) * params + p.activations + p.logits + 4 * GIB
-    assert p.total / GIB == pytest.approx(104.9, abs=0.1)  # the figure the README quotes
+    assert p.total / GIB == pytest.approx(103.0, abs=0.1)
+    # torch's flash kernel (the runtime image's attention): no probabilities, no mask.
+    sdpa = plan(qwen3("8b"), msgspec.structs.replace(lay, attention="sdpa"))
+    assert (sdpa.activations, sdpa.logits) == (36 * per_layer, head)
     # Without the distributed optimizer the same layout needs the 12 bytes whole: 33 GiB more.
     unsharded = plan(qwen3("8b"), msgspec.structs.replace(lay, distributed_optimizer=False))
     assert unsharded.optimizer == 12 * params
@@ -177,9 +195,10 @@ def test_recompute_and_model_parallelism_shrink_the_plan() -> None:
 def test_a_layout_that_does_not_fit_is_refused_with_its_numbers() -> None:
     # Megatron's local attention keeps 36 layers x 32 heads x 8,192^2 probabilities (6 bytes each) without recompute.
     with pytest.raises(
-        DoesNotFit, match=r"needs 571\.2 GiB per GPU.*optimizer 45\.0 GiB.*activations 493\.4 GiB"
+        DoesNotFit, match=r"needs 575\.2 GiB per GPU.*optimizer 45\.0 GiB.*activations 501\.4 GiB"
     ):
-        check_fits(qwen3("4b"), PlanInput(recompute="none", distributed_optimizer=False), 80.0)
+        lay = PlanInput(recompute="none", distributed_optimizer=False, attention="local")
+        check_fits(qwen3("4b"), lay, 80.0)
     assert check_fits(qwen3("0.6b"), PlanInput(), 80.0).total < 80 * GIB
 
 
@@ -213,7 +232,14 @@ def test_turnstream_trainer_plan() -> None:
     assert out["plan"]["gib"]["total"] <= 140
     assert all(p["gib"]["total"] <= 140 for p in out["fitting"]) and len(out["fitting"]) > 1
     table = _plan_cli(
-        "--hf-checkpoint", str(CONFIGS / "qwen3-8b" / "config.json"), "--tp", "2", "--gpus", "6"
+        "--hf-checkpoint",
+        str(CONFIGS / "qwen3-8b" / "config.json"),
+        "--tp",
+        "2",
+        "--gpus",
+        "6",
+        "--max-sample-tokens",
+        "8192",
     )
     assert table.returncode == 0, table.stderr
     assert "planned: TP 2 x PP 1 x DP 3" in table.stdout and "(fits 140 GiB)" in table.stdout

@@ -34,17 +34,20 @@ def reference_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch
         return model(ids, attention_mask=mask).logits
 
 
-def megatron_logits(spec: ModelSpec, hf: dict[str, torch.Tensor]) -> tuple[Any, torch.Tensor]:
-    model = build_model(spec).eval()
+def megatron_logits(
+    spec: ModelSpec, hf: dict[str, torch.Tensor], layer_spec: str = "local"
+) -> tuple[Any, torch.Tensor]:
+    """Megatron's local attention by default: the weight mapping is checked against the exact reference."""
+    model = build_model(spec, layer_spec=layer_spec).eval()
     load_hf_into(model, spec, hf)
     with torch.no_grad():
         return model, forward_logits(model, IDS, MASK)
 
 
-def assert_same_logits(ours: torch.Tensor, ref: torch.Tensor) -> None:
+def assert_same_logits(ours: torch.Tensor, ref: torch.Tensor, tolerance: float = 1e-5) -> None:
     valid = MASK.bool()
     diff = (ours - ref).abs()[valid]
-    assert diff.max().item() <= 1e-5, diff.max().item()
+    assert diff.max().item() <= tolerance, diff.max().item()
 
 
 def test_smollm2_logits_equal_transformers(smollm2_path: Path) -> None:
@@ -61,7 +64,10 @@ def test_smollm2_logits_equal_transformers(smollm2_path: Path) -> None:
     # transformers' eager attention: its SDPA kernel rounds differently (a few 1e-5 over 30 layers).
     ref = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32, attn_implementation="eager")
     model, ours = megatron_logits(spec, hf)
-    assert_same_logits(ours, reference_logits(ref.eval(), IDS, MASK))
+    want = reference_logits(ref.eval(), IDS, MASK)
+    assert_same_logits(ours, want)
+    # The trainer's default attention (torch's flash kernel): other rounding, 4e-5 over SmolLM2's 30 layers.
+    assert_same_logits(megatron_logits(spec, hf, "sdpa")[1], want, 1e-4)
     exported = dict(hf_stream(spec, ParallelLayout(), local_parameters(model), torch.float32))
     assert exported.keys() == hf.keys()
     assert all(torch.equal(exported[k], hf[k]) for k in hf), "export is bit-exact"
@@ -109,10 +115,12 @@ def test_random_qwen3_logits_equal_transformers_and_round_trip() -> None:
 
 def test_padding_does_not_change_the_valid_positions() -> None:
     spec, ref = random_qwen3()
-    model, padded = megatron_logits(spec, {k: v.detach().clone() for k, v in ref.state_dict().items()})
-    with torch.no_grad():
-        alone = forward_logits(model, IDS[1:, :6])
-    assert torch.allclose(padded[1, :6], alone[0], atol=1e-6)
+    for layer_spec in ("local", "sdpa"):  # the padding mask, or causal attention alone
+        weights = {k: v.detach().clone() for k, v in ref.state_dict().items()}
+        model, padded = megatron_logits(spec, weights, layer_spec)
+        with torch.no_grad():
+            alone = forward_logits(model, IDS[1:, :6])
+        assert torch.allclose(padded[1, :6], alone[0], atol=1e-6), layer_spec
 
 
 def test_unsupported_configs_are_refused() -> None:

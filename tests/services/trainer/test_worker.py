@@ -275,3 +275,35 @@ async def test_every_torch_call_of_the_trainer_runs_on_its_rank_thread(
     assert len(bound) == 1 and bound[0] != threading.get_ident()
     assert set(ran) == {"from_hf", "resume", "train", "persist", "stop"}
     assert all(threads == {bound[0]} for threads in ran.values()), ran
+
+
+async def test_samples_longer_than_planned_are_cut_or_dropped_before_any_step(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+) -> None:
+    """``trainer.max_sample_tokens``: a longer sample never reaches a step. Under ``truncate`` its prompt's head is
+    cut (trained, response aligned); a response longer than the limit is dropped and counted; the batch trains."""
+    from prometheus_client import REGISTRY
+
+    def count(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    dropped = count("turnstream_trainer_dropped_total", reason="too_long")
+    truncated = count("turnstream_trainer_truncated_total")
+    fits = [make_sample(i) for i in range(3)]  # 8-11 tokens
+    long_prompt = msgspec.structs.replace(
+        make_sample(3), sample_id="s0:long", tokens=[7] * 30 + make_sample(3).tokens
+    )
+    long_response = msgspec.structs.replace(
+        make_sample(4),
+        sample_id="s1:all-response",
+        tokens=[5] * 2 + [9] * 20,
+        response_length=20,
+        loss_mask=[1] * 20,
+        rollout_logprobs=[-6.0] * 20,
+    )
+    await publish(kafka, [*fits, long_response, long_prompt])
+    out = tmp_path / "weights"
+    await run(config(kafka, tiny_llama, out, max_steps=1, max_sample_tokens=16))
+    assert sorted(lineage(out)) == sorted([*(s.sample_id for s in fits), "s0:long"])
+    assert count("turnstream_trainer_dropped_total", reason="too_long") - dropped == 1
+    assert count("turnstream_trainer_truncated_total") - truncated == 1
