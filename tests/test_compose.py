@@ -11,6 +11,7 @@ import re
 import shlex
 import stat
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -203,8 +204,13 @@ def test_sglang_is_pinned_to_the_tested_version_with_raw_logprobs_and_parsers() 
         assert s["image"].startswith(f"lmsysorg/sglang:v{SGLANG_VERSION}"), s["image"]
         assert s["environment"]["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "1"
         command = " ".join(s["command"])
-        assert "--tool-call-parser qwen " in command and "--reasoning-parser qwen3 " in command
+        assert (
+            "--tool-call-parser qwen " in command and "--reasoning-parser" not in command
+        )  # only when asked
         assert "--weight-version 0" in command and "--enable-metrics" in command
+    for files in (("compose.yaml",), ("compose.yaml", "compose.one-gpu.yaml")):
+        asked = json.loads(resolve(*files, REASONING_PARSER="qwen3").stdout)["services"]["sglang-policy"]
+        assert " --reasoning-parser qwen3 " in " ".join(asked["command"]), files
     policy = services["sglang-policy"]
     assert "--tp 2" in " ".join(policy["command"])
     assert policy["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0,1"]
@@ -457,28 +463,91 @@ def test_every_recipe_fits_its_gpus_with_the_image_and_settings_compose_gives_it
         dp=nproc // (tp * pp),
         dtype_bytes=2,
         recompute=resolve_recompute(tc.recompute, cuda=True),
-        fused_attention=resolve_layer_spec(tc.layer_spec, te_usable=te) == "te",
+        attention=resolve_layer_spec(tc.layer_spec, te_usable=te),
     )
+    # agents' turns: a 32k-token sample on the LoRA recipe, 16k on full fine-tuning, counted by the plan
+    assert tc.max_sample_tokens >= (32768 if tc.lora.enabled else 16384), recipe.name
+    assert lay.max_sample_tokens == tc.max_sample_tokens
     spec = ModelSpec.from_dir(
         REPO / "tests/services/trainer/configs" / Path(env["POLICY_MODEL"]).name.lower()
     )
     planned = plan(spec, lay).total / GIB
-    sglang: dict[str, float] = {}
-    for name, service in services.items():
-        if name.startswith("sglang-"):
-            cmd = service["command"]
-            share = float(cmd[cmd.index("--mem-fraction-static") + 1]) * H200_GIB + SGLANG_OVERHEAD_GIB
-            for gpu in gpus(service)[0].split(","):
-                sglang[gpu] = sglang.get(gpu, 0.0) + share
-    shared = any(g in sglang for g in trainer_gpus)
+    cap = tc.gpu_memory_gib or H200_GIB
+    assert planned <= cap, f"{recipe.name}: the trainer plans {planned:.1f} GiB, over its {cap:.0f} GiB"
+    servers = {name: Server.of(s, spec) for name, s in services.items() if name.startswith("sglang-")}
+    shared = any(g in s.gpus for s in servers.values() for g in trainer_gpus)
     assert tc.gpu_memory_gib or not shared, (
         "a trainer beside SGLang needs a cap: free memory depends on order"
     )
-    cap = tc.gpu_memory_gib or H200_GIB
-    assert planned <= cap, f"{recipe.name}: the trainer plans {planned:.1f} GiB, over its {cap:.0f} GiB"
-    for gpu in {*sglang, *trainer_gpus}:
-        used = sglang.get(gpu, 0.0) + (cap if gpu in trainer_gpus else 0.0)
-        assert used <= H200_GIB, f"{recipe.name}: GPU {gpu} holds {used:.1f} GiB"
+    after = set(trainer.get("depends_on", {}))
+    for gpu in {g for s in servers.values() for g in s.gpus} | set(trainer_gpus):
+        here = {n: s for n, s in servers.items() if gpu in s.gpus}
+        holds = cap if gpu in trainer_gpus else 0.0
+        if holds:
+            assert set(here) <= after, f"{recipe.name}: the trainer races {set(here) - after} for GPU {gpu}"
+        # compose starts the servers together, each measuring the GPU before any loaded its weights; the trainer
+        # after them: every server fits, and the trainer finds its cap free
+        first = starts_together(here, H200_GIB)
+        assert H200_GIB - sum(first.values()) >= holds, f"{recipe.name}: GPU {gpu}: no room for the trainer"
+        # a server restarted later, its neighbours holding what they hold: it still fits
+        for name, server in here.items():
+            free = H200_GIB - holds - sum(v for n, v in first.items() if n != name)
+            server.start(free, free - server.weights_gib, f"{recipe.name}: {name} restarted on GPU {gpu}")
+
+
+CUDA_CONTEXT_GIB = 1.0
+"""What a process holds on a GPU before SGLang measures it (``bootstrap.measure_pre_model_load_memory`` runs after
+the CUDA context and NCCL are up)."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """An SGLang 0.5.23 server's memory as it sizes it: at start it records the free memory F0, loads its weights,
+    measures the free memory F1 and gives the KV cache ``F1 - F0 x (1 - mem_fraction_static)``
+    (``kv_cache_configurator._profile_available_bytes``; none left: "Loaded weights leave no GPU memory for the
+    KV cache"), capped at ``--max-total-tokens`` (``_apply_token_constraints``); beyond it, its CUDA graphs and
+    activations (``SGLANG_OVERHEAD_GIB``)."""
+
+    gpus: tuple[str, ...]
+    fraction: float
+    weights_gib: float
+    kv_cap_gib: float | None
+
+    @classmethod
+    def of(cls, service: dict[str, Any], spec: Any) -> Server:
+        from services.trainer.memory import GIB, total_params
+
+        cmd = service["command"]
+        tokens = int(cmd[cmd.index("--max-total-tokens") + 1]) if "--max-total-tokens" in cmd else None
+        per_token = spec.num_layers * spec.num_kv_heads * spec.head_dim * 2 * 2  # k and v in bf16
+        return cls(
+            gpus=tuple(gpus(service)[0].split(",")),
+            fraction=float(cmd[cmd.index("--mem-fraction-static") + 1]),
+            weights_gib=total_params(spec) * 2 / GIB,
+            kv_cap_gib=None if tokens is None else tokens * per_token / GIB,
+        )
+
+    def start(self, free: float, after_weights: float, what: str) -> float:
+        """GiB the server holds once started, given the free memory before it and after every weight loaded
+        meanwhile; fails as SGLang would."""
+        f0 = free - CUDA_CONTEXT_GIB
+        kv = after_weights - CUDA_CONTEXT_GIB - f0 * (1 - self.fraction)
+        assert kv > 0, f"{what}: loaded weights leave no GPU memory for the KV cache ({kv:.1f} GiB)"
+        if self.kv_cap_gib is not None:
+            kv = min(kv, self.kv_cap_gib)
+        held = CUDA_CONTEXT_GIB + self.weights_gib + kv + SGLANG_OVERHEAD_GIB
+        assert held <= free, f"{what}: needs {held:.1f} GiB, {free:.1f} free"
+        return held
+
+
+def starts_together(servers: dict[str, Server], total: float) -> dict[str, float]:
+    """Each server's GiB when they start at once on one GPU (compose starts them without an order)."""
+    weights = sum(s.weights_gib + CUDA_CONTEXT_GIB for s in servers.values())
+    held = {
+        n: s.start(total, total - weights + CUDA_CONTEXT_GIB, f"{n} at start") for n, s in servers.items()
+    }
+    assert sum(held.values()) <= total, f"servers starting together need {sum(held.values()):.1f} GiB"
+    return held
 
 
 @pytest.mark.parametrize("layout", [[], ["compose.one-gpu.yaml"]], ids=["two-engines", "one-gpu"])

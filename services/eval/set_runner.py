@@ -21,6 +21,7 @@ from runtime.configuration.config import Config
 from runtime.engine.client import EngineClient, EngineError, adapter_name, weight_versions
 from runtime.pipeline.evalsets import RUBRIC_PROMPT, EvalCase, EvalSet, Rubric, scored, set_result, verdict
 from schemas import EvalAnswer, EvalResult
+from services.eval import asking
 
 log = logging.getLogger("turnstream.eval")
 
@@ -38,24 +39,20 @@ Ask = Callable[[EvalCase, int, str], Awaitable[tuple[str, int] | None]]
 answered."""
 
 
-def engine_asker(engine: EngineClient, max_tokens: int, adapters: bool, concurrency: int) -> Ask:
+def engine_asker(
+    engine: EngineClient, max_tokens: int, adapters: bool, concurrency: int, thinking: bool = False
+) -> Ask:
     limit = asyncio.Semaphore(concurrency)
 
     async def ask(case: EvalCase, version: int, model: str) -> tuple[str, int] | None:
-        body = {
-            "model": model,
-            "messages": case.conversation(),
-            "max_tokens": case.max_tokens or max_tokens,
-            "temperature": 0,
-        }
+        body = asking.request(model, case.conversation(), case.max_tokens or max_tokens, thinking)
         if adapters and version:
             body["lora_path"] = adapter_name(version)
         async with limit:  # greedy: a retried request gets the same answer
             data = await engine.chat_raw(body, idempotent=True)
         if weight_versions(data) != ({0} if adapters else {version}):
             return None
-        text = str(data["choices"][0]["message"].get("content") or "").strip()
-        return text, int((data.get("usage") or {}).get("completion_tokens", 0))
+        return asking.answer_text(data), int((data.get("usage") or {}).get("completion_tokens", 0))
 
     return ask
 

@@ -34,6 +34,7 @@ from runtime.pipeline.evalsets import Rubric, load_set
 from runtime.pipeline.personas import Persona, by_name, heldout_questions
 from schemas import EvalAnswer, EvalResult
 from schemas.topics import EVALS
+from services.eval import asking
 from services.eval.heldout import judged, question_set_id, result
 from services.eval.set_runner import SetRunError, engine_asker, engine_rubric, judge_client, run_set
 
@@ -62,8 +63,10 @@ class Evaluator:
         max_tokens: int,
         concurrency: int,
         adapters: bool = False,
+        thinking: bool = False,
     ) -> None:
         self.engine = engine
+        self.thinking = thinking
         self.adapters = adapters
         """Versions are LoRA adapters on the engine's base (``Config.lora_adapters``): the newest loaded one is
         the served version, and answers name it."""
@@ -93,12 +96,7 @@ class Evaluator:
 
     async def answer(self, question: str, version: int, model: str) -> EvalAnswer | None:
         """The greedy answer of ``version`` (None: another version answered)."""
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": question}],
-            "max_tokens": self.max_tokens,
-            "temperature": 0,
-        }
+        body = asking.request(model, [{"role": "user", "content": question}], self.max_tokens, self.thinking)
         if self.adapters and version:
             body["lora_path"] = adapter_name(version)
         async with self.limit:  # greedy: a retried request gets the same answer
@@ -106,7 +104,7 @@ class Evaluator:
         # With adapters the engine's own version is the base's (0), and the adapter is the one named.
         if weight_versions(data) != ({0} if self.adapters else {version}):
             return None
-        text = str(data["choices"][0]["message"].get("content") or "").strip()
+        text = asking.answer_text(data)
         tokens = int((data.get("usage") or {}).get("completion_tokens", 0))
         return judged(question, text, self.personas, tokens)
 
@@ -169,7 +167,9 @@ async def run_eval(
     engine = EngineClient(
         ec.engine_url or config.engine.url, api_key=config.engine.api_key, timeout_s=config.engine.timeout_s
     )
-    evaluator = Evaluator(engine, personas, questions, ec.max_tokens, ec.concurrency, config.lora_adapters)
+    evaluator = Evaluator(
+        engine, personas, questions, ec.max_tokens, ec.concurrency, config.lora_adapters, ec.thinking
+    )
     stop = stop or asyncio.Event()
     if install_signals:
         loop = asyncio.get_running_loop()
@@ -182,7 +182,7 @@ async def run_eval(
         rubric: Rubric | None = engine_rubric(judge, judge_model)
     else:
         rubric = None
-    ask = engine_asker(engine, ec.max_tokens, config.lora_adapters, ec.concurrency)
+    ask = engine_asker(engine, ec.max_tokens, config.lora_adapters, ec.concurrency, ec.thinking)
     question_set = question_set_id(questions)
     done = await evaluated_versions(config, question_set)
     last = max(done, default=-1)
