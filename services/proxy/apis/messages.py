@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+from pydantic_core import from_json
 from starlette.responses import Response
 
 from services.proxy.apis.base import Exchange, answer_message, cached_tokens, new_id, require
@@ -410,6 +411,8 @@ class MessageEvents:
             return b""
         out = b""
         index = len(self.blocks) - 1
+        if self.open.startswith("tool") and (call := self.calls[int(self.open[4:])]).get("held"):
+            out += self._delta({"type": "input_json_delta", "partial_json": json.dumps(_input(call["raw"]))})
         if self.open == "thinking":
             out += _sse(
                 "content_block_delta",
@@ -458,8 +461,26 @@ class MessageEvents:
                     }
                     out += self._begin(f"tool{index}", block)
                 if (arguments := fn.get("arguments")) and self.open == f"tool{index}":
-                    out += self._delta({"type": "input_json_delta", "partial_json": arguments})
+                    out += self._arguments(self.calls[index], arguments)
         return out
+
+    def _arguments(self, call: dict[str, Any], piece: str) -> bytes:
+        """Stream a call's arguments while they read as the start of a JSON object, as the SDKs' accumulators parse
+        them (jiter, partial): a model's arguments that are not an object (a bare string, a list) are held and
+        given at the block's end as the object a non-streamed answer gives (``_input``); arguments that stop being
+        JSON after a valid start are not sent on (the client keeps the object so far; the turn records them all)."""
+        call["raw"] = raw = call.get("raw", "") + piece
+        if call.get("held") or call.get("cut") or not raw.strip():
+            return b""
+        try:
+            valid = isinstance(from_json(raw, allow_partial=True), dict)
+        except ValueError:
+            valid = False
+        if valid:
+            sent, call["sent"] = call.get("sent", 0), len(raw)
+            return self._delta({"type": "input_json_delta", "partial_json": raw[sent:]})
+        call["cut" if call.get("sent") else "held"] = True
+        return b""
 
     def end(self) -> bytes:
         out = self._close()

@@ -422,6 +422,48 @@ def test_a_streamed_message_is_what_the_sdks_accumulator_takes(
     assert snapshot.usage.output_tokens == 7 and snapshot.usage.input_tokens == 30
 
 
+@pytest.mark.parametrize(
+    ("pieces", "expected"),
+    [
+        (['{"city": ', '"Oslo"', "}"], {"city": "Oslo"}),
+        (
+            [" ", '{"city": "Oslo", "days": 3'],
+            {"city": "Oslo", "days": 3},
+        ),  # cut at max_tokens: the object so far
+        (
+            ['"gab', "enet", "_gab"],
+            {"arguments": '"gabenet_gab'},
+        ),  # SmolLM2's greedy arguments: not an object
+        (['[{"', 'city": 1}]'], {"arguments": [{"city": 1}]}),
+        (['{"city": "Oslo"}', "} tail"], {"city": "Oslo"}),  # no longer JSON after a valid start: not sent on
+    ],
+)
+def test_streamed_tool_input_is_always_an_object(pieces: list[str], expected: dict[str, Any]) -> None:
+    """Whatever the model wrote as arguments, the SDK's accumulator (which parses every input_json_delta as it
+    arrives) gets an object, the same one a non-streamed answer gives where the arguments are not an object."""
+    request = {
+        "model": "p",
+        "max_tokens": 10,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+
+    def delta(**fields: Any) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": fields, "finish_reason": None}]}
+
+    start = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "weather", "arguments": ""}}
+    chunks = [delta(tool_calls=[start])]
+    chunks += [delta(tool_calls=[{"index": 0, "function": {"arguments": piece}}]) for piece in pieces]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+    snapshot = None
+    buffers: dict[int, bytes] = {}
+    for _, data in run_stream(MESSAGES, request, chunks):
+        snapshot = accumulate_event(
+            event=MESSAGE_EVENT.validate_python(data), current_snapshot=snapshot, json_bufs=buffers
+        )
+    assert snapshot is not None and [b.input for b in snapshot.content if b.type == "tool_use"] == [expected]
+
+
 def test_anthropic_errors_have_anthropics_shape() -> None:
     response = MESSAGES.error(401, "no key", "authentication_error")
     assert response.status_code == 401 and response.headers["x-should-retry"] == "false"

@@ -130,8 +130,8 @@ async def test_responses_tool_calls_and_sessions_found_by_continuity(
         input=ask,  # type: ignore[arg-type]
         tools=[WEATHER],  # type: ignore[list-item]
         tool_choice={"type": "function", "name": "get_weather"},
-        max_output_tokens=24,
-        temperature=0.6,
+        max_output_tokens=64,
+        temperature=0,
         store=False,
     ) as stream:
         called = list(stream)[-1].response  # type: ignore[union-attr]
@@ -240,8 +240,8 @@ async def test_messages_tool_use_and_results(
     ask = {"role": "user", "content": "What's the weather in Oslo? Use the tool."}
     with client.messages.stream(
         model="policy",
-        max_tokens=24,
-        extra_body={"temperature": 0.6},  # SDK 2.x has no sampling fields; the API takes them
+        max_tokens=64,
+        extra_body={"temperature": 0},  # SDK 2.x has no sampling fields; the API takes them
         tools=[tool],  # type: ignore[list-item]
         tool_choice={"type": "tool", "name": "get_weather"},
         messages=[ask],  # type: ignore[list-item]
