@@ -136,9 +136,10 @@ async def load(
 
 
 def start_proxy(
-    engine_url: str, bootstrap: str, redis_url: str, namespace: str
+    engine_url: str, bootstrap: str, redis_url: str, namespace: str, extra: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """``turnstream proxy`` in front of ``engine_url``, recording into ``namespace``; its process and port."""
+    """``turnstream proxy`` in front of ``engine_url``, recording into ``namespace`` (``extra``: more settings);
+    its process and port."""
     proxy_port = free_port()
     tmp = tempfile.mkdtemp(prefix="turnstream-bench-")
     env = {
@@ -152,6 +153,7 @@ def start_proxy(
         "TURNSTREAM_PROXY_SPOOL_DIR": tmp + "/spool",
         "TURNSTREAM_PROXY_WEIGHTS_ROOT": tmp,
         "TURNSTREAM_LOGGING_LEVEL": "WARNING",
+        **(extra or {}),
     }
     proxy = subprocess.Popen([sys.executable, "-m", "services.cli", "proxy"], env=env, cwd=REPO)
     return proxy, proxy_port

@@ -214,6 +214,8 @@ class Turn(Event, frozen=True, tag="turn"):
     """The API the client spoke: ``chat`` (chat completions), ``responses`` (OpenAI's Responses API) or
     ``messages`` (Anthropic's Messages API). ``messages`` is always the chat form the engine was sent, whatever the
     API (the proxy translates), so nothing downstream reads this: it tells which clients teach the model."""
+    replica: str = ""
+    """The policy replica that answered (its ``host:port``; empty in turns recorded before replicas were named)."""
 
     def __post_init__(self) -> None:
         _require_schema_version(self.schema_version)

@@ -160,6 +160,10 @@ class EngineConfig(_Section):
 
     url: str = "http://127.0.0.1:30000"
     """The policy engine's base URL."""
+    replicas: list[str] = msgspec.field(default_factory=list)
+    """Several policy servers' base URLs (``TURNSTREAM_ENGINE_REPLICAS=http://a:30000,http://b:30000``), each
+    serving the same versions: the proxy routes between them (``proxy.routing``) and reloads each. Empty: ``url``
+    alone."""
     api_key: str | None = None
     """SGLang's ``--api-key``: ``turnstream engine`` starts the engine with it and every turnstream client of the
     policy engine sends it (generation, scoring, info). ``turnstream run`` makes one; compose takes
@@ -173,6 +177,23 @@ class EngineConfig(_Section):
     retries: NonNegInt = 3
     """Retries of an engine call that failed in a way that is safe to repeat (no connection, or a 5xx/429 to an
     idempotent call), with exponential backoff."""
+
+    def __post_init__(self) -> None:
+        names = [replica_name(url) for url in self.replicas]
+        if len(set(names)) != len(names):
+            raise ValueError(f"replicas: each must be a different host:port, got {self.replicas}")
+
+    @property
+    def urls(self) -> list[str]:
+        """Every policy replica's base URL (``url`` when ``replicas`` is empty)."""
+        return list(self.replicas) or [self.url]
+
+
+def replica_name(url: str) -> str:
+    """A policy replica's name in metrics and in the turns it answers: its ``host:port``."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).netloc or url
 
 
 class ProxyConfig(_Section):
@@ -280,6 +301,15 @@ class ProxyConfig(_Section):
     version_probe_s: PositiveFloat = 2.0
     """How often the proxy reads the engine's weight version when idle (an engine restart is noticed within
     this); a completed stream triggers a probe at once (see services/proxy/versions.py)."""
+    routing: Literal["affinity", "round_robin"] = "affinity"
+    """With several policy replicas (``engine.replicas``): ``affinity`` sends a session's turns to the replica
+    that holds its prefix (a new session to the least loaded one); ``round_robin`` each request to the next
+    (services/proxy/replicas.py, docs/scaling.md)."""
+    overload_abs: PositiveInt = 4
+    """``affinity``: a session leaves its replica when that replica has this many more requests in flight than the
+    least loaded one ..."""
+    overload_rel: Annotated[float, Meta(ge=1.0)] = 1.5
+    """... and this many times as many."""
     default_max_tokens: NonNegInt = 0
     """The most tokens an answer gets when its client sets no limit (Codex CLI and opencode set none); 0: the
     engine's (up to the context window). The value sent is recorded with the turn like the client's own."""
@@ -676,6 +706,9 @@ class RunConfig(_Section):
     """Start the local Kafka and Redis from ``scripts/`` (left running afterwards); false: use the configured ones."""
     engine_port: Port = 30000
     """The policy engine's port (``ENGINE_PORT`` for ``make run``)."""
+    policy_replicas: Annotated[int, Meta(ge=1, le=8)] = 1
+    """How many policy servers to start (``--policy-replicas``), the proxy routing between them: replica ``i``
+    listens on ``engine_port + 100 * i``."""
     teacher_engine_port: Port = 30002
     """The judge/teacher engine's port."""
     metrics_port_base: Port = 9101

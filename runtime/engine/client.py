@@ -50,10 +50,15 @@ EXACT_STREAMED = {"logprobs": True, "return_input_ids_in_sglext": True, "return_
 class EngineError(Exception):
     """The engine answered with an error, or could not be reached. ``status`` is None for transport errors."""
 
-    def __init__(self, message: str, status: int | None = None, retryable: bool = False) -> None:
+    def __init__(
+        self, message: str, status: int | None = None, retryable: bool = False, *, unanswered: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.unanswered = unanswered
+        """No answer came: the engine could not be reached or its connection broke before a response (another
+        replica may take the request; never set for a timeout, where the engine may still be working on it)."""
 
 
 class EngineTimeout(EngineError):
@@ -251,14 +256,22 @@ class EngineClient:
         while True:
             try:
                 status, raw = await self._exchange(method, path, body)
+            except httpx.ConnectTimeout as exc:  # never reached the engine
+                err: EngineError = EngineError(
+                    f"{method} {path}: cannot connect to {self.base_url}: {exc!r}",
+                    retryable=True,
+                    unanswered=True,
+                )
             except httpx.TimeoutException as exc:
-                err: EngineError = EngineTimeout(f"{method} {path} timed out: {exc!r}", retryable=idempotent)
+                err = EngineTimeout(f"{method} {path} timed out: {exc!r}", retryable=idempotent)
             except httpx.ConnectError as exc:  # never reached the engine: safe to retry anything
                 err = EngineError(
-                    f"{method} {path}: cannot connect to {self.base_url}: {exc!r}", retryable=True
+                    f"{method} {path}: cannot connect to {self.base_url}: {exc!r}",
+                    retryable=True,
+                    unanswered=True,
                 )
             except httpx.TransportError as exc:
-                err = EngineError(f"{method} {path} failed: {exc!r}", retryable=idempotent)
+                err = EngineError(f"{method} {path} failed: {exc!r}", retryable=idempotent, unanswered=True)
             else:
                 if status < 400:
                     return raw
@@ -442,10 +455,12 @@ class EngineClient:
             resp = await self.transport.handle_async_request(
                 self._build("POST", "/v1/chat/completions", {**body, "stream": True})
             )
+        except httpx.ConnectTimeout as exc:
+            raise EngineError(f"chat stream: cannot connect: {exc!r}", unanswered=True) from exc
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"chat stream timed out: {exc!r}") from exc
         except httpx.TransportError as exc:
-            raise EngineError(f"chat stream failed: {exc!r}") from exc
+            raise EngineError(f"chat stream failed: {exc!r}", unanswered=True) from exc
         if resp.status_code >= 400:
             await resp.aread()
             await resp.aclose()

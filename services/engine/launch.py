@@ -109,6 +109,7 @@ def sglang_command(opts: EngineOptions, python: str | None = None) -> tuple[list
         "--served-model-name", opts.served_model_name or os.path.basename(os.path.normpath(opts.model)),
         "--weight-version", opts.weight_version,
         "--enable-metrics",
+        "--enable-cache-report",  # usage.prompt_tokens_details.cached_tokens: what the agents' APIs report
     ]  # fmt: skip
     if opts.tool_call_parser:
         argv += ["--tool-call-parser", opts.tool_call_parser]

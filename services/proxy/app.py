@@ -9,8 +9,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
@@ -23,6 +23,7 @@ from runtime.configuration.config import Config
 from runtime.engine.client import (
     EXACT_NON_STREAMED,
     EXACT_STREAMED,
+    EngineClient,
     EngineError,
     EngineTimeout,
     close_engine_pool,
@@ -41,6 +42,7 @@ from services.proxy.continuity import SessionWatch, links
 from services.proxy.keys import ProxyKeys
 from services.proxy.per_key import LIMITED, PerKey
 from services.proxy.recording import Recording
+from services.proxy.replicas import Replica, opening_key
 from services.proxy.session import (
     SessionError,
     SessionInfo,
@@ -69,6 +71,12 @@ from services.proxy.validation import (
 log = logging.getLogger("turnstream.proxy")
 
 REQUESTS = Counter("turnstream_proxy_requests_total", "Chat requests", ["turn_type", "stream", "status"])
+FAILOVERS = Counter(
+    "turnstream_proxy_failovers_total",
+    "Requests sent to another policy replica because the one chosen gave no answer",
+    ["replica"],
+)
+T = TypeVar("T")
 LATENCY = Histogram("turnstream_proxy_request_seconds", "Time to the complete response", ["stream"])
 
 # The hot path's label children, looked up once.
@@ -266,6 +274,10 @@ class ChatProxy(SessionFlow, Recording):
         # What the client would get from SGLang itself: the proxy's own additions are taken out again.
         wants = client_wants(body, headers_in) if api is None else None
         forward = self.forward(body, session.turn_type == "main", stream, wants, api is not None)
+        # A session's turns go where its prefix is cached: keyed by its id, else by the conversation's opening.
+        key = session.session_id if explicit else opening_key(body) if session.turn_type == "main" else None
+        replica = self.state.router.pick(key)
+        assert replica is not None  # nothing excluded: some replica is always offered
         call = Call(
             session,
             body,
@@ -275,13 +287,51 @@ class ChatProxy(SessionFlow, Recording):
             index,
             wants,
             headers,
-            self.route(forward),
+            self.route(forward, replica),
             pending,
             fence,
             api,
             exchange,
+            replica,
+            key,
         )
         return await (self._stream(call) if stream else self._whole(call))
+
+    async def dispatch(
+        self, call: Call, ask: Callable[[EngineClient], Awaitable[T]], *, keep: bool = False
+    ) -> T:
+        """``ask`` the call's replica; when it gives no answer (down, or its connection broke before one: nothing
+        has reached the client) it is skipped for a moment and the request goes to the next replica the router
+        picks, until one answers or none is left. The replica that answered stays counted in flight when ``keep``
+        (a stream, until it closes)."""
+        tried: list[Replica] = []
+        while True:
+            replica = call.replica
+            assert replica is not None
+            replica.begin()
+            answered = False
+            try:
+                result = await ask(replica.engine)
+                answered = True
+                return result
+            except EngineError as exc:
+                if not exc.unanswered:
+                    raise
+                replica.refused()
+                tried.append(replica)
+                other = self.state.router.pick(call.key, exclude=tried)
+                if other is None:
+                    raise
+                FAILOVERS.labels(replica.name).inc()
+                log.warning(
+                    "policy replica gave no answer; the request goes to another",
+                    extra={"replica": replica.name, "to": other.name, "error": str(exc)},
+                )
+                self.unroute(call.leased, replica)
+                call.leased, call.replica = self.route(call.forward, other), other
+            finally:
+                if not (keep and answered):
+                    replica.end()
 
     def forward(
         self, body: dict[str, Any], main: bool, stream: bool, wants: dict[str, bool] | None, translated: bool
@@ -327,16 +377,18 @@ class ChatProxy(SessionFlow, Recording):
             if (
                 not main and call.api is None
             ):  # side chat turns: the engine's bytes go back untouched, never parsed
-                raw = await self.state.engine.chat_bytes(forward)
+                raw = await self.dispatch(call, lambda engine: engine.chat_bytes(call.forward))
             else:
-                data = await self.state.engine.chat_raw(forward)
+                data = await self.dispatch(call, lambda engine: engine.chat_raw(call.forward))
         except EngineError as exc:
             if call.pending is not None:
                 await self.abandon(call.pending)
             failure = engine_failure(exc, session.turn_type, "false")
             return fail(failure.status, str(failure), failure.err_type, failure.code, headers)
         finally:
-            self.unroute(call.leased)
+            self.unroute(call.leased, call.replica)  # type: ignore[arg-type]
+        forward, replica = call.forward, call.replica
+        assert replica is not None
         if call.fence is not None and (refused := await self.forgotten(call.fence)) is not None:
             return fail(refused.status, str(refused), refused.err_type, refused.code)
         if call.pending is not None:
@@ -358,7 +410,7 @@ class ChatProxy(SessionFlow, Recording):
             return ThenRecord(
                 rendered,
                 headers,
-                lambda: self.record_response(session, index, forward, data, created, api.name),
+                lambda: self.record_response(session, index, forward, data, created, replica, api.name),
             )
         if not main:
             if leased is not None:  # the engine reports its base's version; the client's is the adapter's
@@ -374,7 +426,7 @@ class ChatProxy(SessionFlow, Recording):
         return ThenRecord(
             _json_encoder.encode(payload),
             headers,
-            lambda: self.record_response(session, index, forward, data, created),
+            lambda: self.record_response(session, index, forward, data, created, replica),
         )
 
     async def read(self, request: Request, user: str, api: Api | None) -> tuple[bytes, dict[str, Any]]:
@@ -420,7 +472,7 @@ class ChatProxy(SessionFlow, Recording):
             exchange = MESSAGES.translate({**body, "max_tokens": 1, "stream": False})
             forward = check_chat(exchange.body, self.body_limits)
             forward["model"] = forward.get("model") or self.pc.served_model_name
-            data = await self.state.engine.chat_raw(forward)
+            data = await self.any_replica(lambda engine: engine.chat_raw(forward))
             counted = (data.get("usage") or {}).get("prompt_tokens")
             if not isinstance(counted, int):
                 raise EngineError("the engine reported no prompt token count")
@@ -476,28 +528,34 @@ class ChatProxy(SessionFlow, Recording):
 
     async def _stream(self, call: Call) -> Response:
         """A streamed answer: the engine's stream opened here, relayed by ``_relay``."""
-        api, leased = call.api, call.leased
+        api = call.api
         fail = openai_error if api is None else api.error
         try:
-            upstream = await self.state.engine.open_chat_stream(call.forward)
+            upstream = await self.dispatch(
+                call, lambda engine: engine.open_chat_stream(call.forward), keep=True
+            )
         except EngineError as exc:
-            self.unroute(leased)
+            self.unroute(call.leased, call.replica)  # type: ignore[arg-type]
             if call.pending is not None:
                 await self.abandon(call.pending)
             failure = engine_failure(exc, call.session.turn_type, "true")
             return fail(failure.status, str(failure), failure.err_type, failure.code, call.headers)
         except BaseException:  # cancelled (shutdown), or a bug: the lease still goes back
-            self.unroute(leased)
+            self.unroute(call.leased, call.replica)  # type: ignore[arg-type]
             raise
+        leased, replica = call.leased, call.replica
+        assert replica is not None
         if call.fence is not None and (refused := await self.forgotten(call.fence)) is not None:
-            self.unroute(leased)
+            self.unroute(leased, replica)
+            replica.end()
             await upstream.aclose()
             return fail(refused.status, str(refused), refused.err_type, refused.code)
         events = api.events(call.exchange) if api is not None and call.exchange is not None else None
         try:
             return await self._relay(upstream, call, events)
         except BaseException:  # the lease back and the engine stream closed on every path, bugs included
-            self.unroute(leased)
+            self.unroute(leased, replica)
+            replica.end()
             await upstream.aclose()
             raise
 
@@ -511,13 +569,15 @@ class ChatProxy(SessionFlow, Recording):
             call.headers,
             call.created,
         )
-        wants, leased, pending, exchange, owner = (
+        wants, leased, pending, exchange, owner, replica = (
             call.wants,
             call.leased,
             call.pending,
             call.exchange,
             call.owner,
+            call.replica,
         )
+        assert replica is not None
         if pending is not None:  # the session's id is a response header: known before the first byte
             session, index = await self.settle(session, pending, headers)
         closed = False
@@ -528,7 +588,8 @@ class ChatProxy(SessionFlow, Recording):
             nonlocal closed
             if not closed:
                 closed = True
-                self.unroute(leased)
+                self.unroute(leased, replica)
+                replica.end()
                 await upstream.aclose()
 
         main = session.turn_type == "main"
@@ -538,7 +599,7 @@ class ChatProxy(SessionFlow, Recording):
             and not (wants["logprobs"] and wants["input_ids"] and wants["output_ids"])
         )
         decode = main or events is not None
-        epoch = self.state.versions.epoch  # where in the served-version history this stream began
+        epoch = replica.versions.epoch  # where in its replica's served-version history this stream began
         api_name = exchange.api if exchange is not None else "chat"
 
         async def relay() -> AsyncGenerator[tuple[bytes, bool], None]:
@@ -611,7 +672,7 @@ class ChatProxy(SessionFlow, Recording):
                     if complete:
                         self.background(
                             self._label_then_finish(
-                                session, index, forward, completion, created, epoch, api_name
+                                session, index, forward, completion, created, epoch, replica, api_name
                             )
                         )
                     else:
@@ -625,18 +686,44 @@ class ChatProxy(SessionFlow, Recording):
         if not self.authorized(request):
             return self.refusal()
         try:
-            data = await self.state.engine.models()
+            data = await self.any_replica(lambda engine: engine.models())
         except EngineError as exc:
             return openai_error(502, f"the model engine failed: {exc}", "engine_error")
         return JSONResponse({"object": "list", "data": data})
 
+    async def any_replica(self, ask: Callable[[EngineClient], Awaitable[T]]) -> T:
+        """A request that is nobody's turn (a model list, a token count): the replica the router offers, the next
+        when it gives no answer."""
+        tried: list[Replica] = []
+        while True:
+            replica = self.state.router.pick(None, exclude=tried)
+            if replica is None:
+                raise EngineError("no policy replica answers", unanswered=True)
+            try:
+                return await ask(replica.engine)
+            except EngineError as exc:
+                if not exc.unanswered:
+                    raise
+                replica.refused()
+                tried.append(replica)
+                if len(tried) == len(self.state.replicas):
+                    raise
+
     async def healthz(self, _: Request) -> Response:
-        engine_ok = await self.state.engine.health()
+        """Ok while some replica answers; each replica's state besides (``ready``: answering, on the version it
+        should serve)."""
+        replicas = self.state.replicas
+        answers = await asyncio.gather(*(r.engine.health() for r in replicas))
+        engine_ok = any(answers)
         body = {
             "status": "ok" if engine_ok else "degraded",
             "engine": engine_ok,
             "spool_pending": self.state.recorder.pending,
-            "weight_version": self.state.versions.current,
+            "weight_version": min(r.versions.current for r in replicas),
+            "replicas": {
+                r.name: {"answers": ok, "ready": ok and r.ready, "weight_version": r.versions.current}
+                for r, ok in zip(replicas, answers, strict=True)
+            },
         }
         return JSONResponse(body, status_code=200 if engine_ok else 503)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.proxy.apis.base import Api, Exchange
+from services.proxy.replicas import Replica
 from services.proxy.session import SessionInfo
 from services.proxy.session_flow import Fence, Pending
 
@@ -37,6 +38,10 @@ class Call:
     """The erasure fence to check before answering, for an explicit session id."""
     api: Api | None = None
     exchange: Exchange | None = None
+    replica: Replica | None = None
+    """The policy replica it is sent to (``Router.pick``)."""
+    key: str | None = None
+    """Its affinity key: what a replica chosen again for it (the first one down) is picked by."""
 
     @property
     def main(self) -> bool:

@@ -6,7 +6,7 @@ import argparse
 
 import msgspec
 
-from runtime.configuration.config import Config
+from runtime.configuration.config import Config, EngineConfig
 from runtime.process.commands import Subparsers, command, refuse
 
 
@@ -14,7 +14,18 @@ def register(sub: Subparsers) -> None:
     proxy = command(sub, "proxy", "the OpenAI-compatible proxy that records turns (and reloads weights)", run)
     proxy.add_argument("--host", help="default: proxy.host")
     proxy.add_argument("--port", type=int, help="default: proxy.port")
-    proxy.add_argument("--engine-url", help="default: engine.url")
+    proxy.add_argument(
+        "--engine-url",
+        help="the policy engine, or several replicas comma-separated (default: engine.replicas, else engine.url)",
+    )
+
+
+def engines(engine: EngineConfig, flag: str | None) -> EngineConfig:
+    """``--engine-url``: one policy engine, or several replicas comma-separated."""
+    urls = [url.strip() for url in (flag or "").split(",") if url.strip()]
+    if not urls:
+        return engine
+    return msgspec.structs.replace(engine, url=urls[0], replicas=urls if len(urls) > 1 else [])
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
@@ -26,7 +37,7 @@ def run(config: Config, args: argparse.Namespace) -> int:
     proxy = msgspec.structs.replace(
         config.proxy, host=args.host or config.proxy.host, port=args.port or config.proxy.port
     )
-    engine = msgspec.structs.replace(config.engine, url=args.engine_url or config.engine.url)
+    engine = engines(config.engine, args.engine_url)
     config = msgspec.structs.replace(config, proxy=proxy, engine=engine)
     try:
         why = refuse_without_keys(proxy.host, ProxyKeys(proxy.api_key, proxy.keys_file))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from runtime.configuration.config import ProxyConfig
 from runtime.engine.client import EngineError, adapter_version, version_number
 from services.proxy.adapters import without_adapter
+from services.proxy.replicas import Replica
 from services.proxy.session import SessionInfo
 from services.proxy.turn_numbers import FENCED
 from services.proxy.turns import DROPPED, RESCORED, Completion, UnrecordableTurn, build_turn, modified_logits
@@ -37,10 +38,11 @@ class Recording:
         self.state.tasks.add(task)
         task.add_done_callback(self.state.tasks.discard)
 
-    def route(self, forward: dict[str, Any]) -> int | None:
-        """Every request through the proxy is the policy's: with adapters, it names the current one (the base
-        while there is none). Returns the leased version, for ``unroute`` once the engine has answered."""
-        adapters = self.state.adapters
+    def route(self, forward: dict[str, Any], replica: Replica) -> int | None:
+        """Every request through the proxy is the policy's: with adapters, it names the one ``replica`` serves
+        (the base while there is none). Returns the leased version, for ``unroute`` once the engine has
+        answered."""
+        adapters = replica.adapters
         if adapters is None:
             return None
         version, name = adapters.lease()
@@ -52,13 +54,13 @@ class Recording:
             forward["lora_path"] = name
         return version
 
-    def unroute(self, leased: int | None) -> None:
-        if leased is not None and self.state.adapters is not None:
-            self.state.adapters.release(leased)
+    def unroute(self, leased: int | None, replica: Replica) -> None:
+        if leased is not None and replica.adapters is not None:
+            replica.adapters.release(leased)
 
     def routed_version(self, body: dict[str, Any]) -> int | None:
         """The version a request went to, when the proxy chose its adapter (None: read it from the engine)."""
-        if self.state.adapters is None:
+        if not self.state.lora:
             return None
         return adapter_version(str(body.get("lora_path") or "")) or 0
 
@@ -69,6 +71,7 @@ class Recording:
         body: dict[str, Any],
         data: dict[str, Any],
         created: float,
+        replica: Replica,
         api: str = "chat",
     ) -> None:
         try:
@@ -83,11 +86,13 @@ class Recording:
         else:
             version = completion.weight_version
         if version is None:
-            version = self.state.versions.current
+            version = replica.versions.current
         if modified_logits(body) is None:
-            self.finish_turn(session, index, body, completion, created, version, api)
+            self.finish_turn(session, index, body, completion, created, version, replica, api)
             return
-        self.background(self._rescore_then_finish(session, index, body, completion, created, version, api))
+        self.background(
+            self._rescore_then_finish(session, index, body, completion, created, version, replica, api)
+        )
 
     async def _rescore_then_finish(
         self,
@@ -97,19 +102,21 @@ class Recording:
         completion: Completion,
         created: float,
         version: int,
+        replica: Replica,
         api: str = "chat",
     ) -> None:
         """The raw log-probs of a turn sampled from modified logits (see ``modified_logits``), from a prefill on
-        the weights that produced it; a reload in between drops the turn (counted), it is never mislabelled."""
+        the weights that produced it (the replica that answered); a reload in between drops the turn (counted),
+        it is never mislabelled."""
         reason = modified_logits(body) or "unknown"
         if completion.prompt_token_ids is None or completion.token_ids is None:
             DROPPED.labels("no_token_ids").inc()
             return
         routed = self.routed_version(body)
-        if routed is not None and self.state.adapters is not None:  # no unload while it scores on the adapter
-            self.state.adapters.hold(routed)
+        if routed is not None and replica.adapters is not None:  # no unload while it scores on the adapter
+            replica.adapters.hold(routed)
         try:
-            scored = await self.state.engine.score(
+            scored = await replica.engine.score(
                 completion.prompt_token_ids, completion.token_ids, lora_path=body.get("lora_path")
             )
         except EngineError as exc:
@@ -117,13 +124,13 @@ class Recording:
             log.warning("re-scoring a turn failed; not recorded", extra={"error": str(exc)})
             return
         finally:
-            self.unroute(routed)
+            self.unroute(routed, replica)
         if routed is None and version_number(scored.weight_version) != version:
             DROPPED.labels("rescore_version_moved").inc()
             return
         completion.logprobs = scored.logprobs
         RESCORED.labels(reason).inc()
-        self.finish_turn(session, index, body, completion, created, version, api)
+        self.finish_turn(session, index, body, completion, created, version, replica, api)
 
     async def _label_then_finish(
         self,
@@ -133,17 +140,18 @@ class Recording:
         completion: Completion,
         created: float,
         epoch: int,
+        replica: Replica,
         api: str = "chat",
     ) -> None:
         routed = self.routed_version(body)
         try:
-            version = routed if routed is not None else await self.state.versions.label(epoch)
+            version = routed if routed is not None else await replica.versions.label(epoch)
         except asyncio.CancelledError:  # shutting down: the oldest version known so far, never a newer one
-            version = self.state.versions.oldest_since(epoch)
+            version = replica.versions.oldest_since(epoch)
         if modified_logits(body) is None:
-            self.finish_turn(session, index, body, completion, created, version, api)
+            self.finish_turn(session, index, body, completion, created, version, replica, api)
         else:
-            await self._rescore_then_finish(session, index, body, completion, created, version, api)
+            await self._rescore_then_finish(session, index, body, completion, created, version, replica, api)
 
     def finish_turn(
         self,
@@ -153,12 +161,15 @@ class Recording:
         completion: Completion,
         created: float,
         version: int,
+        replica: Replica,
         api: str = "chat",
     ) -> None:
         assert session.session_id is not None
         if index_task is not None and not index_task.done():  # rare: Redis slower than the engine
             index_task.add_done_callback(
-                lambda _: self.finish_turn(session, index_task, body, completion, created, version, api)
+                lambda _: self.finish_turn(
+                    session, index_task, body, completion, created, version, replica, api
+                )
             )
             return
         # No number (Redis unreachable, now or when the request came): recorded unnumbered, numbered on publishing.
@@ -181,6 +192,7 @@ class Recording:
                     fallback_version=version,
                     retokenize=self.state.retokenize,
                     api=api,
+                    replica=replica.name,
                 )
                 self.state.recorder.record(turn, unnumbered=index is None)
             except UnrecordableTurn as exc:

@@ -127,8 +127,15 @@ class Reloader:
         adapters: Adapters | None = None,
         drain_timeout_s: float = 300.0,
         gate: GateConfig | None = None,
+        name: str = "",
+        primary: bool = True,
     ) -> None:
         self.engine = engine
+        self.name = name
+        """The policy replica it reloads (one reloader per replica)."""
+        self.primary = primary
+        """Dead-letters the records no replica can take (a path outside the root, the wrong format): one copy, not
+        one per replica."""
         self.root = weights_root
         self.versions = versions
         self.pause_mode = pause_mode
@@ -182,16 +189,30 @@ class Reloader:
                 self._decided(rec)
                 continue
             if not inside(self.root, rec.event.path):
-                RELOADS.labels("refused").inc()
-                await self.consumer.dead_letter(rec, f"weights path {rec.event.path} is outside {self.root}")
+                await self._invalid(rec, f"weights path {rec.event.path} is outside {self.root}")
                 continue
             if (rec.event.format == "peft-lora") != (self.adapters is not None):
-                RELOADS.labels("refused").inc()
-                await self.consumer.dead_letter(rec, self._format_refusal(rec.event.format))
+                await self._invalid(rec, self._format_refusal(rec.event.format))
                 continue
             if self.newest is None or rec.event.version > self.newest.event.version:
                 self.newest = rec
         await self.apply()
+
+    async def _invalid(self, rec: Record[Any], why: str) -> None:
+        if self.primary:
+            RELOADS.labels("refused").inc()
+            await self.consumer.dead_letter(rec, why)
+
+    def serves_wanted(self, serving: int) -> bool:
+        """Whether an engine serving ``serving`` serves what this reloader would have it serve (or what it can:
+        a version its engine refused does not count against it). Until a version is known, any."""
+        if self.promotion is not None:
+            newest = self.newest.event.version if self.newest is not None else None
+            target = gated_target(self.promotion, newest, self.mechanism).serve
+            return serving == target or target in self.unloadable
+        if self.newest is None or self.newest.event.version in self.unloadable:
+            return True
+        return serving >= self.newest.event.version
 
     def _format_refusal(self, fmt: str) -> str:
         if self.adapters is None:
@@ -292,7 +313,10 @@ class Reloader:
             RELOAD_SECONDS.observe(loop.time() - began)
         self.versions.changed(want.version)
         RELOADS.labels("ok").inc()
-        log.info("engine serves a new weight version", extra={"version": want.version, "path": want.path})
+        log.info(
+            "engine serves a new weight version",
+            extra={"replica": self.name, "version": want.version, "path": want.path},
+        )
 
     async def _refused(self, want: Wanted, why: str) -> None:
         """A version the engine refused: never asked for again (dead-lettered when a record announced it)."""
@@ -383,7 +407,10 @@ class Reloader:
         adapters.serve(event.version)
         self.versions.changed(event.version)
         RELOADS.labels("ok").inc()
-        log.info("engine serves a new adapter", extra={"version": event.version, "path": event.path})
+        log.info(
+            "engine serves a new adapter",
+            extra={"replica": self.name, "version": event.version, "path": event.path},
+        )
         self._retire(loaded - {event.version}, adapters)
 
     async def _apply_adapters_gated(self, target: Target, adapters: Adapters) -> None:

@@ -179,6 +179,7 @@ def build_turn(
     fallback_version: int,
     retokenize: Any = None,
     api: str = "chat",
+    replica: str = "",
 ) -> Turn:
     """The Turn for a served request. ``body`` is the request as sent to the engine (sampling pinned), and
     ``fallback_version`` labels a response whose engine reported no version (a stream: see ServedVersions).
@@ -234,6 +235,7 @@ def build_turn(
             chat_template_kwargs=body.get("chat_template_kwargs") or None,
             user=body["user"] if isinstance(body.get("user"), str) else "",
             api=api,
+            replica=replica,
         )
     except (msgspec.ValidationError, ValueError) as exc:
         raise UnrecordableTurn("invalid_turn", str(exc)) from None

@@ -22,13 +22,21 @@ from prometheus_client import Counter, Gauge
 log = logging.getLogger("turnstream.proxy.versions")
 
 PROBES = Counter("turnstream_proxy_version_probes_total", "Probes of the engine's weight version", ["status"])
-VERSION = Gauge("turnstream_proxy_weight_version", "Weight version the engine serves, as the proxy knows it")
+VERSION = Gauge(
+    "turnstream_proxy_weight_version",
+    "Weight version each policy replica serves, as the proxy knows it",
+    ["replica"],
+)
 
 Probe = Callable[[], Awaitable[int]]
 
 
 class ServedVersions:
-    def __init__(self, version: int = 0, *, keep: int = 4096) -> None:
+    def __init__(self, version: int = 0, *, keep: int = 4096, replica: str = "") -> None:
+        self._gauge = VERSION.labels(replica) if replica else None
+        """The replica's series of ``turnstream_proxy_weight_version`` (none for an unnamed one: a placeholder)."""
+        self.reachable = True
+        """The last probe found the engine (a replica that does not answer gets no traffic)."""
         self._history: list[int] = [version]
         """Every version the engine served, in order; index = epoch."""
         self._base = 0
@@ -40,7 +48,8 @@ class ServedVersions:
         self._confirmed = asyncio.Condition()
         self._waiting = 0
         self._last_probe_started = float("-inf")
-        VERSION.set(version)
+        if self._gauge is not None:
+            self._gauge.set(version)
 
     @property
     def current(self) -> int:
@@ -59,7 +68,8 @@ class ServedVersions:
             drop = len(self._history) - self._keep
             del self._history[:drop]
             self._base += drop
-        VERSION.set(version)
+        if self._gauge is not None:
+            self._gauge.set(version)
 
     def oldest_since(self, epoch: int) -> int:
         start = max(epoch - self._base, 0)
@@ -96,10 +106,12 @@ class ServedVersions:
                 version = await probe()
             except Exception as exc:  # an engine that is down (restarting): labels wait, serving goes on
                 PROBES.labels("failed").inc()
+                self.reachable = False
                 log.debug("weight version probe failed", extra={"error": repr(exc)})
                 await asyncio.sleep(min(interval_s, 0.5))
                 continue
             PROBES.labels("ok").inc()
+            self.reachable = True
             if version != self.current:
                 log.info("engine weight version changed", extra={"from": self.current, "to": version})
                 self.changed(version)

@@ -35,6 +35,12 @@ def register(sub: Subparsers) -> None:
         " the teacher",
     )
     run_.add_argument(
+        "--policy-replicas",
+        type=int,
+        metavar="N",
+        help="start N policy servers behind the proxy's routing (default: run.policy_replicas, 1)",
+    )
+    run_.add_argument(
         "--until-version",
         type=int,
         metavar="N",
@@ -45,7 +51,7 @@ def register(sub: Subparsers) -> None:
 def run(config: Config, args: argparse.Namespace) -> int:
     from services.run.main import run_pipeline
 
-    flags = ("run_dir", "local_infra", "judge_backend", "simulate", "until_version")
+    flags = ("run_dir", "local_infra", "judge_backend", "simulate", "until_version", "policy_replicas")
     try:
         config = override(config, "run", {f: getattr(args, f) for f in flags})
         if args.lora:

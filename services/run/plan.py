@@ -13,14 +13,17 @@ from schemas.modes import mode_spec
 def plan(
     config: Config, model: str, config_path: str | None = None, run_dir: str | None = None
 ) -> list[Service]:
-    """The pipeline on one machine: two engines (policy, and a fixed judge/teacher one), then the proxy and the
-    workers. ``model`` is the policy's Hugging Face folder (also the teacher's fixed weights and the trainer's
-    start). With LoRA adapters (``Config.lora_adapters``) one engine serves both: the policy is the base plus
-    the current adapter, the judge and the teacher ask the base (no adapter named)."""
+    """The pipeline on one machine: two engines (policy, and a fixed judge/teacher one; ``run.policy_replicas``
+    policy servers behind the proxy's routing), then the proxy and the workers. ``model`` is the policy's Hugging
+    Face folder (also the teacher's fixed weights and the trainer's start). With LoRA adapters
+    (``Config.lora_adapters``) one engine serves both: the policy is the base plus the current adapter, the judge
+    and the teacher ask the base (no adapter named)."""
     rc = config.run
     base = ["--config", config_path] if config_path else []
     one_engine = config.lora_adapters
     engine_url = f"http://127.0.0.1:{rc.engine_port}"
+    ports = [rc.engine_port + 100 * i for i in range(rc.policy_replicas)]
+    policy_urls = ",".join(f"http://127.0.0.1:{port}" for port in ports)
     teacher_url = engine_url if one_engine else f"http://127.0.0.1:{rc.teacher_engine_port}"
     # What `--lora` set on the command line reaches every service (the file, when there is one, they read too).
     shared = {"TURNSTREAM_TRAINER_LORA_ENABLED": "true"} if config.trainer.lora.enabled else {}
@@ -74,10 +77,11 @@ def plan(
         judge_args += ["--engine-url", teacher_url]
     services = [
         engine("engine", rc.engine_port, "policy"),
+        *(engine(f"engine-{i}", port, "policy") for i, port in enumerate(ports[1:], 1)),
         *([] if one_engine else [engine("teacher-engine", rc.teacher_engine_port, "teacher")]),
         Service(
             "proxy",
-            [*base, "proxy", "--host", "127.0.0.1", "--engine-url", engine_url],
+            [*base, "proxy", "--host", "127.0.0.1", "--engine-url", policy_urls],
             {**shared, **admin},
             config.proxy.port,
             "/healthz",

@@ -116,7 +116,7 @@ async def scrape(
         batch_size=batch_size,
         steps=_total(metrics, "turnstream_trainer_steps_total"),
         version=_total(metrics, "turnstream_trainer_version"),
-        serving_version=_total(metrics, "turnstream_proxy_weight_version"),
+        serving_version=int(min(metrics.get("turnstream_proxy_weight_version", {}).values(), default=0)),
         reward_mean=_by(metrics, "turnstream_trainer_reward_mean", "kind"),
         simulated=simulated,
         preference_met=met.get("true", 0.0) / simulated if simulated else None,

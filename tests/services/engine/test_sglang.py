@@ -27,7 +27,11 @@ def test_the_cpu_command_has_the_cpu_flags_and_the_standin_and_the_gpu_command_n
         assert argv[:3] == ["py", "-m", "sglang.launch_server"]
         joined = " ".join(argv)
         assert "--model-path /models/m" in joined and "--port 31234" in joined
-        assert "--weight-version 0" in joined and "--enable-metrics" in joined
+        assert (
+            "--weight-version 0" in joined
+            and "--enable-metrics" in joined
+            and "--enable-cache-report" in joined
+        )
         assert "--tool-call-parser qwen" in joined and "--served-model-name m" in joined
         assert env["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "1"
     assert " ".join(CPU_FLAGS) in " ".join(cpu) and "--max-total-tokens 16384" in " ".join(cpu)

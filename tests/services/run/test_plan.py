@@ -151,3 +151,22 @@ def test_a_trainer_folder_of_ones_own_is_where_the_proxy_loads_versions_from(
         env={"TURNSTREAM_TRAINER_OUTPUT_DIR": "w", "TURNSTREAM_PROXY_WEIGHTS_ROOT": "/srv/w"}
     )
     assert "TURNSTREAM_PROXY_WEIGHTS_ROOT" not in plan(config, "/m")[2].env
+
+
+def test_policy_replicas_each_get_a_server_and_the_proxy_routes_between_them() -> None:
+    config = load_config(env={"TURNSTREAM_RUN_POLICY_REPLICAS": "2"})
+    services = plan(config, "/m")
+    by = {s.name: s for s in services}
+    assert [s.name for s in services][:3] == ["engine", "engine-1", "teacher-engine"]
+    assert by["engine-1"].port == 30100 and by["engine-1"].stage == 0
+    assert by["engine-1"].args[by["engine-1"].args.index("--served-model-name") + 1] == "policy"
+    assert by["proxy"].args[-2:] == ["--engine-url", "http://127.0.0.1:30000,http://127.0.0.1:30100"]
+    assert (
+        by["eval"].args[-1] == "http://127.0.0.1:30000"
+    )  # one replica: every one serves the version it checks
+    from services.proxy.command import engines
+
+    both = engines(config.engine, "http://a:1, http://b:2")
+    assert both.urls == ["http://a:1", "http://b:2"] and both.url == "http://a:1"
+    assert engines(config.engine, "http://a:1").urls == ["http://a:1"]
+    assert engines(config.engine, None) == config.engine

@@ -1,0 +1,189 @@
+"""Two real SGLang policy replicas behind one proxy: a session's turns stay on one replica and each turn records
+the replica that answered; a replica killed in the middle of traffic costs only the streams it was generating
+(a clean error in-band, nothing recorded for them), new requests go to the survivor at once, every answered turn
+is recorded exactly once, and the replica rejoins; a published version reaches both, and a replica that restarts
+on its starting weights takes no traffic until it has loaded the served version."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from runtime.configuration.config import KafkaConfig
+from services.engine.launch import EngineProcess
+from tests.metrics import scraped
+from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
+from tests.services.proxy.test_reload import engine_version, publish
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def second_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """A second policy server of the module's own: the one these tests kill and restart."""
+    log = open(tmp_path_factory.mktemp("replica") / "engine.log", "w")
+    proc = EngineProcess(smollm2_path, log=log)
+    yield proc
+    proc.stop()
+    log.close()
+
+
+@pytest.fixture
+def replicas_proxy(
+    own_engine: EngineProcess,
+    second_engine: EngineProcess,
+    proxy_env: dict[str, str],
+    perturbed_weights: Path,
+) -> Iterator[ProxyProcess]:
+    proxy = ProxyProcess(
+        {
+            **proxy_env,
+            "TURNSTREAM_ENGINE_REPLICAS": f"{own_engine.url},{second_engine.url}",
+            "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(perturbed_weights.parent),
+            "TURNSTREAM_PROXY_VERSION_PROBE_S": "0.5",
+        }
+    )
+    yield proxy
+    proxy.stop()
+
+
+def name(engine: EngineProcess) -> str:
+    return f"127.0.0.1:{engine.port}"
+
+
+def body(session: str, max_tokens: int = 8, stream: bool = False) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": f"Say something about {session}."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+
+
+async def ask(http: httpx.AsyncClient, url: str, session: str, **kw: Any) -> bool:
+    """One turn of ``session``; True when it was answered whole (a stream that ended with [DONE])."""
+    request = body(session, **kw)
+    headers = {"X-Session-Id": session}
+    if not request["stream"]:
+        resp = await http.post(url + "/v1/chat/completions", json=request, headers=headers)
+        assert resp.status_code in (200, 502), resp.text
+        return resp.status_code == 200
+    async with http.stream("POST", url + "/v1/chat/completions", json=request, headers=headers) as resp:
+        assert resp.status_code == 200
+        lines = [line async for line in resp.aiter_lines() if line.startswith("data: ")]
+    if lines[-1] == "data: [DONE]":
+        return True
+    error = json.loads(lines[-1][6:])["error"]  # broken off: the client is told in-band
+    assert "mid-stream" in error["message"]
+    return False
+
+
+async def test_sessions_stay_on_their_replica_and_a_killed_replica_loses_nothing(
+    replicas_proxy: ProxyProcess, own_engine: EngineProcess, second_engine: EngineProcess, kafka: KafkaConfig
+) -> None:
+    url = replicas_proxy.url
+    sessions = [f"s{i}" for i in range(8)]
+    answered = 0
+    async with httpx.AsyncClient(timeout=300) as http:
+        for turn in range(2):
+            for session in sessions:
+                answered += await ask(http, url, session, stream=turn == 1)
+        turns = await wait_for_turns(kafka, answered)
+        homes = defaultdict(set)
+        for t in turns:
+            homes[t.session_id].add(t.replica)
+        assert all(len(h) == 1 for h in homes.values()), homes  # each session on one replica
+        used = Counter(next(iter(h)) for h in homes.values())
+        assert set(used) == {name(own_engine), name(second_engine)}, used  # both take sessions
+        on_second = [s for s in sessions if homes[s] == {name(second_engine)}]
+
+        # Long streams on the second replica; it is killed while they generate.
+        streams = [asyncio.create_task(ask(http, url, s, max_tokens=400, stream=True)) for s in on_second]
+        await asyncio.sleep(3.0)
+        os.killpg(second_engine.proc.pid, signal.SIGKILL)
+        during = [asyncio.create_task(ask(http, url, s)) for s in sessions]  # while it is down: all answered
+        done = await asyncio.gather(*streams)
+        assert await asyncio.gather(*during) == [True] * len(sessions)
+        answered += sum(done) + len(sessions)
+        assert not all(done)  # those it was generating broke off (one may have finished before the kill)
+
+        second_engine.restart()  # back on the same port
+        deadline = time.monotonic() + 60
+        while scraped(url, "turnstream_proxy_replica_ready", replica=name(second_engine)) != 1:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.5)
+        fresh = [f"new{i}" for i in range(8)]
+        for session in fresh:
+            answered += await ask(http, url, session)
+        await asyncio.sleep(2.0)  # anything recorded twice would be in by now
+        turns = await wait_for_turns(kafka, answered)
+    ids = Counter(t.turn_id for t in turns)
+    assert (
+        len(turns) == answered and max(ids.values()) == 1
+    )  # each answered turn once, none of the broken ones
+    assert scraped(url, "turnstream_proxy_turns_dropped_total", reason="stream_incomplete") == len(
+        done
+    ) - sum(done)
+    rejoined = {t.replica for t in turns if t.session_id in fresh}
+    assert name(second_engine) in rejoined  # new sessions reach it again
+    account = {"answered": answered, "recorded": len(turns), "broken_streams": len(done) - sum(done)}
+    print(json.dumps({**account, "failovers": scraped(url, "turnstream_proxy_failovers_total")}))
+
+
+async def test_every_replica_serves_a_version_and_a_restarted_one_loads_it_before_traffic(
+    replicas_proxy: ProxyProcess,
+    own_engine: EngineProcess,
+    second_engine: EngineProcess,
+    kafka: KafkaConfig,
+    perturbed_weights: Path,
+) -> None:
+    url = replicas_proxy.url
+    async with httpx.AsyncClient(timeout=300) as http:
+        assert await ask(http, url, "warm")
+        began = time.monotonic()
+        await publish(kafka, 1, str(perturbed_weights))
+        served: dict[str, float] = {}
+        while len(served) < 2:
+            for engine in (own_engine, second_engine):
+                if name(engine) not in served and await engine_version(http, engine.url) == "1":
+                    served[name(engine)] = time.monotonic() - began
+            assert time.monotonic() - began < 180
+            await asyncio.sleep(0.2)
+        print(json.dumps({"publish_to_served_on_all_s": round(max(served.values()), 2), "each": served}))
+        answered = 0
+        for i in range(6):
+            answered += await ask(http, url, f"v1-{i}")
+        loads = scraped(url, "turnstream_proxy_weight_reloads_total", status="ok")
+        # Restarted on its starting weights (version 0) while turns keep coming: every one is answered by version 1,
+        # the restarted replica taking none until its reloader has loaded version 1 onto it.
+        restart = asyncio.create_task(asyncio.to_thread(second_engine.restart))
+        deadline = time.monotonic() + 300
+        i = 0
+        while not restart.done() or not (
+            await engine_version(http, second_engine.url) == "1"
+            and scraped(url, "turnstream_proxy_replica_ready", replica=name(second_engine)) == 1
+        ):
+            answered += await ask(http, url, f"during-{i}", stream=i % 2 == 1)
+            i += 1
+            assert time.monotonic() < deadline
+        await restart
+        assert (
+            scraped(url, "turnstream_proxy_weight_reloads_total", status="ok") > loads
+        )  # it was given version 1
+        for j in range(12):
+            answered += await ask(http, url, f"after-{j}")
+        turns = await wait_for_turns(kafka, answered + 1)
+    later = [t for t in turns if t.session_id != "warm"]
+    assert i > 0 and len(later) == answered
+    assert {t.weight_version for t in later} == {1}, Counter((t.replica, t.weight_version) for t in later)
+    assert name(second_engine) in {t.replica for t in later if t.session_id.startswith("after-")}  # rejoined
