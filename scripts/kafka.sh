@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The real Apache Kafka broker (KRaft, single node, loopback), assembled from Maven Central.
+# The real Apache Kafka broker (KRaft, single node, loopback), assembled from Maven Central; one node of a cluster
+# when KAFKA_VOTERS is set (scripts/kafka-cluster.sh starts three).
 #   scripts/kafka.sh install   resolve the jars with Maven into the cache (idempotent)
 #   scripts/kafka.sh start     install, format storage once, start in the background, wait until it answers
 #   scripts/kafka.sh stop      stop the broker started by this script (its data is kept)
+#   scripts/kafka.sh kill      kill -9 it (a crash; its data is kept)
 #   scripts/kafka.sh status    exit 0 when the broker answers
 #   scripts/kafka.sh reset     stop and delete its data
-# Settings: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m), TURNSTREAM_CACHE.
+# Settings: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m), TURNSTREAM_CACHE; for a cluster node
+# KAFKA_NODE_ID, KAFKA_VOTERS (the controller quorum, id@host:port,...) and KAFKA_CLUSTER_ID (the same on each).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -13,6 +16,8 @@ POM="$REPO_ROOT/scripts/kafka/pom.xml"
 KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$POM")"
 KAFKA_PORT="${KAFKA_PORT:-9092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
+KAFKA_NODE_ID="${KAFKA_NODE_ID:-1}"
+KAFKA_VOTERS="${KAFKA_VOTERS:-}"
 pom_key="$(sha256sum "$POM" | cut -c1-12)"
 LIBS="$TURNSTREAM_CACHE/kafka/$KAFKA_VERSION-$pom_key/libs"
 RUN="$TURNSTREAM_CACHE/kafka/run-$KAFKA_PORT"
@@ -42,10 +47,13 @@ java_cmd() {
 write_config() {
     umask 077  # its data is people's conversations: the owner's only
     mkdir -p "$RUN" && chmod 700 "$RUN"
+    # A cluster keeps its internal topics (consumer offsets, transactions) in three copies, two needed to write.
+    local quorum="controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT" copies=1 insync=1
+    if [[ -n "$KAFKA_VOTERS" ]]; then quorum="controller.quorum.voters=$KAFKA_VOTERS"; copies=3; insync=2; fi
     cat > "$RUN/server.properties" <<CONF
 process.roles=broker,controller
-node.id=1
-controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
+node.id=$KAFKA_NODE_ID
+$quorum
 listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
 advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
 controller.listener.names=CONTROLLER
@@ -53,13 +61,13 @@ listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$DATA
 num.partitions=3
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor=$copies
 offsets.topic.num.partitions=6
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$copies
+transaction.state.log.min.isr=$insync
 transaction.state.log.num.partitions=6
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$copies
+share.coordinator.state.topic.min.isr=$insync
 group.initial.rebalance.delay.ms=0
 group.consumer.heartbeat.interval.ms=1000
 group.consumer.min.heartbeat.interval.ms=500
@@ -75,8 +83,13 @@ start() {
     write_config
     if [[ ! -f "$DATA/meta.properties" ]]; then
         log "formatting KRaft storage in $DATA"
-        java_cmd kafka.tools.StorageTool format --standalone -t "$(java_cmd kafka.tools.StorageTool random-uuid)" \
-            -c "$RUN/server.properties" >/dev/null
+        if [[ -n "$KAFKA_VOTERS" ]]; then  # static voters: every node formatted with the cluster's one id
+            java_cmd kafka.tools.StorageTool format -t "${KAFKA_CLUSTER_ID:?a cluster node needs KAFKA_CLUSTER_ID}" \
+                -c "$RUN/server.properties" >/dev/null
+        else
+            java_cmd kafka.tools.StorageTool format --standalone -t "$(java_cmd kafka.tools.StorageTool random-uuid)" \
+                -c "$RUN/server.properties" >/dev/null
+        fi
     fi
     local t0; t0=$(date +%s%N)
     : > "$LOGFILE"
@@ -106,8 +119,10 @@ case "${1:-start}" in
     install) install ;;
     start) start ;;
     stop) stop ;;
+    kill) running || die "no Kafka of this script runs on 127.0.0.1:$KAFKA_PORT"
+          kill -9 "$(cat "$PIDFILE")"; rm -f "$PIDFILE"; log "Kafka on 127.0.0.1:$KAFKA_PORT killed (kill -9)" ;;
     status) running && answers ;;
     reset) stop; rm -rf "$RUN" ;;
     version) echo "$KAFKA_VERSION" ;;
-    *) die "usage: $0 install|start|stop|status|reset|version" ;;
+    *) die "usage: $0 install|start|stop|kill|status|reset|version" ;;
 esac

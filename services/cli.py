@@ -86,6 +86,8 @@ def _topics(config: Config, args: argparse.Namespace) -> int:
     width = max(len(s.name) for s in states)
     for s in states:
         detail = f"partitions={s.partitions}" if s.partitions else ""
+        if s.replicas:
+            detail += f" replicas={s.replicas}"
         if s.configs:
             detail += " " + " ".join(f"{k}={v}" for k, v in sorted(s.configs.items()))
         print(f"{s.name:<{width}}  {s.status:<8} {detail}".rstrip())

@@ -5,6 +5,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -47,14 +48,20 @@ def namespace() -> str:
 def kafka_config(kafka_service: Service, redis_service: Service, namespace: str) -> KafkaConfig:
     """The broker, in the test's namespace; records that hold conversations sealed with keys in the test Redis,
     as every service started with ``TURNSTREAM_REDIS_URL`` seals them."""
+    return namespaced_kafka(kafka_service.address, redis_service.address, namespace)
+
+
+def namespaced_kafka(bootstrap: str, seal_keys_url: str, namespace: str, **settings: Any) -> KafkaConfig:
+    """A test's Kafka settings: its namespace, short polls and sessions (failures are noticed in seconds)."""
     return KafkaConfig(
-        bootstrap=kafka_service.address,
-        seal_keys_url=redis_service.address,
+        bootstrap=bootstrap,
+        seal_keys_url=seal_keys_url,
         namespace=namespace,
         client_id="turnstream-test",
         poll_timeout_ms=200,
         session_timeout_ms=6000,
         heartbeat_interval_ms=500,
+        **settings,
     )
 
 

@@ -40,6 +40,14 @@ def _script(name: str, action: str, env: dict[str, str]) -> None:
     subprocess.run(["bash", str(REPO / "scripts" / name), action], check=True, env={**os.environ, **env})
 
 
+def script_output(name: str, *args: str) -> str:
+    """What ``scripts/<name> <args>`` prints (it must succeed)."""
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / name), *args], check=True, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
 def kafka_script_env() -> dict[str, str]:
     return {"KAFKA_PORT": str(TEST_KAFKA_PORT), "KAFKA_CONTROLLER_PORT": str(TEST_KAFKA_PORT + 1)}
 

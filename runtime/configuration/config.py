@@ -87,10 +87,34 @@ class KafkaConfig(_Section):
     seal_keys_cache_s: PositiveFloat = 30.0
     """How long a process keeps a key it used: a forgotten session's records stay readable by a process that
     held its key for at most this long."""
+    seal_keys_replicas: NonNegInt = 0
+    """Before a data key seals anything, this many Redis replicas must have it (``WAIT``, up to 2 s; else the
+    record waits and is tried again), or every replica the master has while fewer are connected (counted in
+    ``turnstream_seal_keys_unreplicated_total``): with Redis Sentinel, 1, so that a failover cannot lose a key that
+    records were sealed under (Redis copies to replicas asynchronously). docs/security.md."""
     retention_days: list[str] = msgspec.field(default_factory=list)
     """How long each topic keeps records, overriding the defaults (docs/design.md, "Events and topics"): entries
     ``<topic>=<days>``, ``-1`` for forever, e.g. ``turns=365,samples=14`` (``TURNSTREAM_KAFKA_RETENTION_DAYS``).
     ``turnstream topics create`` applies them to existing topics too. ``weights`` always keeps its latest version."""
+    replication_factor: NonNegInt = 0
+    """Copies of each partition that ``turnstream topics create`` asks for; 0: as many as the cluster has brokers,
+    at most 3 (read from the cluster when the topics are made)."""
+    min_insync_replicas: NonNegInt = 0
+    """``min.insync.replicas`` of the topics it makes: how many copies must have a record before a producer's
+    acks=all write succeeds (every turnstream producer waits for all in-sync copies); 0: one fewer than the
+    replication factor, at least 1 (2 of 3: one broker may be down and nothing acknowledged is lost)."""
+
+    def replication(self, brokers: int) -> tuple[int, int]:
+        """(replication factor, min.insync.replicas) for new topics on a cluster of ``brokers``."""
+        factor = self.replication_factor or min(3, brokers)
+        if factor > brokers:
+            raise ValueError(
+                f"replication_factor: {factor} copies need {factor} brokers; the cluster has {brokers}"
+            )
+        insync = self.min_insync_replicas or max(1, factor - 1)
+        if insync > factor:
+            raise ValueError(f"min_insync_replicas: {insync} is more than the {factor} copies kept")
+        return factor, insync
 
     def __post_init__(self) -> None:
         if not self.bootstrap.strip():

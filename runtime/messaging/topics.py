@@ -25,6 +25,8 @@ class TopicState(msgspec.Struct):
     """``created``, ``exists`` or ``missing``."""
     partitions: int | None = None
     configs: dict[str, str] = msgspec.field(default_factory=dict)
+    replicas: int | None = None
+    """Copies of each partition (the first partition's replica list)."""
 
 
 def _admin(kafka: KafkaConfig) -> AIOKafkaAdminClient:
@@ -41,21 +43,24 @@ async def create_topics(
     specs: tuple[TopicSpec, ...] = ALL_TOPICS,
     *,
     partitions: int | None = None,
-    replication_factor: int = 1,
 ) -> list[TopicState]:
     """Create every topic of ``kafka.namespace`` that does not exist yet, and give existing ones the retention
     ``kafka.retention_days`` asks for (``updated``). ``partitions`` overrides the specs' counts (the compacted
-    ``weights`` topic keeps one partition: its single key orders all versions)."""
+    ``weights`` topic keeps one partition: its single key orders all versions). New topics are replicated as the
+    cluster allows (``KafkaConfig.replication``: 3 copies and ``min.insync.replicas`` 2 on three brokers or more,
+    the broker count read from the cluster); an existing topic keeps its replication."""
     retention = kafka.retention_ms()
     admin = _admin(kafka)
     await admin.start()
     try:
+        brokers = len((await admin.describe_cluster()).get("brokers") or ()) or 1
+        replication_factor, insync = kafka.replication(brokers)
         existing = set(await admin.list_topics())
         new: list[NewTopic] = []
         states: list[TopicState] = []
         for spec in specs:
             name = spec.name(kafka.namespace)
-            configs = spec.configs(retention.get(spec.base))
+            configs = {**spec.configs(retention.get(spec.base)), "min.insync.replicas": str(insync)}
             if name in existing:
                 states.append(TopicState(name, "exists"))
                 if spec.base in retention:
@@ -63,7 +68,7 @@ async def create_topics(
                 continue
             count = spec.partitions if partitions is None or spec.compacted else partitions
             new.append(NewTopic(name, count, replication_factor, topic_configs=configs))
-            states.append(TopicState(name, "created", count, configs))
+            states.append(TopicState(name, "created", count, configs, replication_factor))
         if new:
             try:
                 resp = await admin.create_topics(new)
@@ -144,13 +149,17 @@ async def describe_topics(kafka: KafkaConfig, specs: tuple[TopicSpec, ...] = ALL
         names = [s.name(kafka.namespace) for s in specs]
         present = [n for n in names if n in existing]
         partitions: dict[str, int] = {}
+        replicas: dict[str, int] = {}
         configs: dict[str, dict[str, str]] = {n: {} for n in present}
         if present:
             for d in await admin.describe_topics(present):
-                partitions[d["topic"]] = len(d.get("partitions") or [])
+                parts = d.get("partitions") or []
+                partitions[d["topic"]] = len(parts)
+                if parts:
+                    replicas[d["topic"]] = len(parts[0].get("replicas") or ())
             configs.update(await _describe_configs(admin, present))
         return [
-            TopicState(n, "exists", partitions.get(n), configs.get(n, {}))
+            TopicState(n, "exists", partitions.get(n), configs.get(n, {}), replicas.get(n))
             if n in existing
             else TopicState(n, "missing")
             for n in names
@@ -160,7 +169,7 @@ async def describe_topics(kafka: KafkaConfig, specs: tuple[TopicSpec, ...] = ALL
 
 
 async def _describe_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
-    wanted = {"retention.ms", "cleanup.policy", "max.message.bytes"}
+    wanted = {"retention.ms", "cleanup.policy", "max.message.bytes", "min.insync.replicas"}
     out: dict[str, dict[str, str]] = {}
     responses: Any = await admin.describe_configs(
         [ConfigResource(ConfigResourceType.TOPIC, n) for n in names]

@@ -5,8 +5,9 @@ timeout contexts) cost about a fifth of the proxy's CPU per request, for a comma
 ``PipelinedRedis`` keeps one connection: commands are written as they come, replies (which Redis returns in
 order) resolve the waiting callers first in, first out. The address comes from the same Redis URL as everywhere
 else, parsed by redis-py (``redis://``, ``rediss://`` with TLS, ``unix://``; user, password and db are sent as
-``AUTH`` and ``SELECT`` on connect). A lost connection fails the callers that were waiting and the next call
-connects again.
+``AUTH`` and ``SELECT`` on connect), or, for ``redis+sentinel://`` (``runtime/transport/redis_urls.py``), asked of
+the Sentinels at each connect. A lost connection fails the callers that were waiting and the next call connects
+again; so does a ``READONLY`` answer (the master it was connected to was demoted in a failover).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from collections.abc import Awaitable
 from typing import Any
 
 from redis.asyncio.connection import SSLConnection, parse_url
+from redis.exceptions import RedisError
+
+from runtime.transport.redis_urls import sentinel_target
 
 
 class RedisReplyError(Exception):
@@ -84,6 +88,10 @@ class Replies(asyncio.Protocol):
                 continue
             if isinstance(reply, RedisReplyError):
                 future.set_exception(reply)
+                if line.startswith(b"READONLY"):  # a demoted master: the next call connects to the new one
+                    self.buffer = b""
+                    self._fail(ConnectionError("Redis answered READONLY: its master was demoted"))
+                    return
             else:
                 future.set_result(reply)
         self.buffer = buffer[start:]
@@ -117,7 +125,9 @@ class PipelinedRedis:
     """One connection, connected on first use and again after it was lost."""
 
     def __init__(self, url: str, connect_timeout_s: float = 5.0) -> None:
-        self.options = parse_url(url)
+        self.target = sentinel_target(url)
+        self.sentinel: Any = self.target.sentinel(connect_timeout_s) if self.target is not None else None
+        self.options: dict[str, Any] = dict(parse_url(url)) if self.target is None else {}
         self.connect_timeout_s = connect_timeout_s
         self._conn: Replies | None = None
         self._connecting: asyncio.Lock | None = None
@@ -161,6 +171,15 @@ class PipelinedRedis:
                 return self._conn
             loop = asyncio.get_running_loop()
             o = self.options
+            if self.target is not None:  # the group's master now, and its credentials
+                try:
+                    host, port = await self.sentinel.discover_master(self.target.master)
+                except (
+                    RedisError
+                ) as exc:  # no Sentinel answers, or none knows a master: like a refused connection
+                    raise ConnectionError(f"no Redis master from the Sentinels: {exc}") from exc
+                o = {"host": host, "port": port, "db": self.target.db, "password": self.target.password}
+                o["username"] = self.target.username
             async with asyncio.timeout(self.connect_timeout_s):
                 if "path" in o:
                     _, conn = await loop.create_unix_connection(Replies, o["path"])

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import cast
 
 import msgspec
-import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
 
 from runtime.configuration.config import Config
@@ -27,6 +26,7 @@ from runtime.configuration.plugins import load_function
 from runtime.messaging.bus import EventConsumer, EventProducer, Record, read_topic, serve
 from runtime.observability.metrics import serve_metrics
 from runtime.pipeline.majority import majority_vote
+from runtime.transport.redis_urls import redis_client
 from schemas import Judgment, Sample, TeacherScores, Turn, decode, encode
 from schemas.modes import mode_spec
 from schemas.topics import JUDGMENTS, SAMPLES, TEACHER
@@ -321,7 +321,7 @@ async def run_dispatcher(
     """Run until SIGTERM/SIGINT (or ``stop`` is set): the in-flight batch finishes and is committed."""
     dc = config.dispatcher
     serve_metrics(config.metrics.port, config.metrics.host)
-    redis = aioredis.from_url(config.redis.url)
+    redis = redis_client(config.redis.url)
     store = JoinStore(
         redis,
         config.redis.key_prefix,

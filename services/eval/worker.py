@@ -22,7 +22,6 @@ import signal
 import time
 from collections.abc import AsyncIterator
 
-import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 
@@ -32,6 +31,7 @@ from runtime.messaging.bus import EventProducer, read_topic
 from runtime.observability.metrics import serve_metrics
 from runtime.pipeline.evalsets import Rubric, load_set
 from runtime.pipeline.personas import Persona, by_name, heldout_questions
+from runtime.transport.redis_urls import redis_client
 from schemas import EvalAnswer, EvalResult
 from schemas.topics import EVALS
 from services.eval import asking
@@ -128,7 +128,7 @@ class ReloadHold:
     def __init__(self, redis: RedisConfig, hold_s: float) -> None:
         self.redis = redis
         self.hold_ms = int(hold_s * 1000)
-        self.client = aioredis.from_url(redis.url) if self.hold_ms > 0 else None
+        self.client = redis_client(redis.url) if self.hold_ms > 0 else None
 
     @contextlib.asynccontextmanager
     async def reloads(self, version: int) -> AsyncIterator[None]:

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from redis import asyncio as aioredis
 
 from runtime.configuration.config import Config
 from runtime.security.erasure.sealing import session_keys
+from runtime.transport.redis_urls import redis_client
 from services.forget.redis_state import forget_state, leftovers
 from services.forget.topics import TopicProof, sessions_of_user, what_is_left
 
@@ -76,7 +76,7 @@ async def forget(
     destroyed = await keys.destroy(sorted(sessions), fence_s)
     log.info("keys destroyed", extra={"sessions": len(sessions), "destroyed": destroyed})
     await asyncio.sleep(config.kafka.seal_keys_cache_s + 1 if wait_s is None else wait_s)
-    r = aioredis.from_url(config.redis.url)
+    r = redis_client(config.redis.url)
     try:
         removed = await forget_state(r, sessions)
         with contextlib.suppress(Exception):  # one may be running already; the next keeps the deletions too

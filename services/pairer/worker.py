@@ -30,6 +30,7 @@ from runtime.configuration.config import Config
 from runtime.messaging.bus import EventConsumer, EventProducer, Record, serve
 from runtime.observability.metrics import serve_metrics
 from runtime.pipeline.envelopes import conversation, visible_answer
+from runtime.transport.redis_urls import redis_client
 from schemas import Message, PairedTurn, SessionEnded, Turn, decode, encode
 from schemas.topics import SESSIONS_ENDED, TURNS, TURNS_PAIRED
 
@@ -258,7 +259,7 @@ async def run_pairer(
 ) -> None:
     """Run until SIGTERM/SIGINT (or ``stop`` is set): the in-flight batch finishes and is committed."""
     serve_metrics(config.metrics.port, config.metrics.host)
-    redis = aioredis.from_url(config.redis.url)
+    redis = redis_client(config.redis.url)
     producer = EventProducer(config.kafka, client_id=f"{config.kafka.client_id}-pairer")
     await producer.start()
     consumer = EventConsumer(

@@ -19,7 +19,6 @@ from collections import Counter
 from pathlib import Path
 
 import msgspec
-import redis.asyncio as aioredis
 
 from runtime.configuration.config import Config
 from runtime.engine.model_store import cache_dir
@@ -27,6 +26,7 @@ from runtime.messaging.bus import EventProducer, read_topic
 from runtime.messaging.topics import create_topics, group_lag, pipeline_groups
 from runtime.process.launch import free_port_block
 from runtime.process.supervisor import Service, StartupFailed, Supervisor
+from runtime.transport.redis_urls import redis_client
 from schemas.modes import mode_spec
 from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, SESSIONS_ENDED, TEACHER, TURNS_PAIRED
 from services.replay.select import Range, publish_turns, recorded_session_ends, recorded_turns
@@ -132,7 +132,7 @@ def stages(replay: Config, config_path: str | None) -> list[Service]:
 
 
 async def _open_sessions(replay: Config) -> int:
-    redis = aioredis.from_url(replay.redis.url)
+    redis = redis_client(replay.redis.url)
     try:
         return int(await redis.zcard(replay.redis.pairer_idle_key))
     finally:

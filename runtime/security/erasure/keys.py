@@ -18,8 +18,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from prometheus_client import Counter
+
 from runtime.security.erasure.envelope import KEY_BYTES, new_key
 from runtime.transport.resp import PipelinedRedis, command
+
+UNREPLICATED = Counter(
+    "turnstream_seal_keys_unreplicated_total",
+    "Data keys used while the Redis master had fewer replicas connected than kafka.seal_keys_replicas",
+)
 
 # KEYS[1] the session's key, KEYS[2] its fence; ARGV[1] a fresh key, kept only if the session has none yet and is
 # not fenced. Returns the one kept, or '' for a fenced session.
@@ -59,9 +66,19 @@ class SessionForgotten(Exception):
 
 class SessionKeys:
     def __init__(
-        self, redis: PipelinedRedis, prefix: str, *, cache_ttl_s: float = 30.0, cache_size: int = 65_536
+        self,
+        redis: PipelinedRedis,
+        prefix: str,
+        *,
+        cache_ttl_s: float = 30.0,
+        cache_size: int = 65_536,
+        replicas: int = 0,
+        replicas_wait_ms: int = 2000,
     ) -> None:
         self.redis = redis
+        self.replicas = replicas
+        """``kafka.seal_keys_replicas``: the Redis replicas that must hold a key before it seals anything."""
+        self.replicas_wait_ms = replicas_wait_ms
         self.prefix = prefix.encode()
         self.cache_ttl_s = cache_ttl_s
         self.cache_size = cache_size
@@ -97,8 +114,35 @@ class SessionKeys:
             raise SessionForgotten(session_id)
         if not isinstance(key, bytes) or len(key) != KEY_BYTES:
             raise ValueError(f"the data key of session {session_id!r} in Redis is not {KEY_BYTES} bytes")
+        if self.replicas:
+            await self._replicated(session_id)
         self._keep(session_id, key)
         return key
+
+    async def _replicated(self, session_id: str) -> None:
+        """Until the key is on ``replicas`` replicas (``WAIT``: every write of this connection so far), or on every
+        replica the master has: with none connected (the others down) there is nothing a failover could promote,
+        and the key is as safe as the master's own disk. Raises ConnectionError when a connected replica lags."""
+        wait = command(b"WAIT", str(self.replicas).encode(), str(self.replicas_wait_ms).encode())
+        copies = int(await self.redis.send(wait))
+        if copies >= self.replicas:
+            return
+        info = await self.redis.send(command(b"INFO", b"replication"))
+        connected = next(
+            (
+                int(line.split(b":")[1])
+                for line in bytes(info).splitlines()
+                if line.startswith(b"connected_slaves:")
+            ),
+            0,
+        )
+        if copies >= min(self.replicas, connected):
+            UNREPLICATED.inc()
+            return
+        raise ConnectionError(
+            f"the data key of session {session_id!r} reached {copies} of {self.replicas} Redis replicas in "
+            f"{self.replicas_wait_ms} ms (kafka.seal_keys_replicas): nothing is sealed under it until it has"
+        )
 
     async def for_reading(self, session_id: str) -> bytes | None:
         """The session's key; None when it has none (forgotten, or never written)."""

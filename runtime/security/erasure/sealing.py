@@ -20,9 +20,9 @@ from runtime.security.erasure.keys import SessionForgotten, SessionKeys
 from runtime.transport.resp import PipelinedRedis
 from schemas import DecodeError, TopicSpec
 
-_stores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float], SessionKeys]] = (
-    weakref.WeakKeyDictionary()
-)
+_stores: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str, str, float, int], SessionKeys]
+] = weakref.WeakKeyDictionary()
 
 
 def session_keys(kafka: KafkaConfig) -> SessionKeys | None:
@@ -31,11 +31,14 @@ def session_keys(kafka: KafkaConfig) -> SessionKeys | None:
     if not (kafka.seal and kafka.seal_keys_url):
         return None
     per_loop = _stores.setdefault(asyncio.get_running_loop(), {})
-    where = (kafka.seal_keys_url, kafka.seal_keys_prefix, kafka.seal_keys_cache_s)
+    where = (kafka.seal_keys_url, kafka.seal_keys_prefix, kafka.seal_keys_cache_s, kafka.seal_keys_replicas)
     store = per_loop.get(where)
     if store is None:
         store = per_loop[where] = SessionKeys(
-            PipelinedRedis(kafka.seal_keys_url), kafka.seal_keys_prefix, cache_ttl_s=kafka.seal_keys_cache_s
+            PipelinedRedis(kafka.seal_keys_url),
+            kafka.seal_keys_prefix,
+            cache_ttl_s=kafka.seal_keys_cache_s,
+            replicas=kafka.seal_keys_replicas,
         )
     return store
 

@@ -45,6 +45,37 @@ def test_create_is_idempotent_and_describe_reports_specs(kafka_service: Service)
     assert set(rows) == {f"{ns}.{spec.base}" for spec in ALL_TOPICS}
     assert "partitions=2" in rows[f"{ns}.turns"] and "retention.ms=-1" in rows[f"{ns}.turns"]
     assert "partitions=1" in rows[f"{ns}.weights"] and "cleanup.policy=compact" in rows[f"{ns}.weights"]
+    # One broker: one copy, and a write needs only it.
+    assert "replicas=1" in rows[f"{ns}.turns"] and "min.insync.replicas=1" in rows[f"{ns}.turns"]
+
+
+@pytest.mark.parametrize(
+    ("brokers", "factor", "insync", "expected"),
+    [
+        (1, 0, 0, (1, 1)),
+        (2, 0, 0, (2, 1)),
+        (3, 0, 0, (3, 2)),
+        (5, 0, 0, (3, 2)),
+        (5, 5, 3, (5, 3)),
+        (3, 2, 0, (2, 1)),
+    ],
+)
+def test_replication_follows_the_brokers_the_cluster_has(
+    brokers: int, factor: int, insync: int, expected: tuple[int, int]
+) -> None:
+    from runtime.configuration.config import KafkaConfig
+
+    kafka = KafkaConfig(replication_factor=factor, min_insync_replicas=insync)
+    assert kafka.replication(brokers) == expected
+
+
+def test_more_copies_than_brokers_is_refused() -> None:
+    from runtime.configuration.config import KafkaConfig
+
+    with pytest.raises(ValueError, match="3 copies need 3 brokers; the cluster has 2"):
+        KafkaConfig(replication_factor=3).replication(2)
+    with pytest.raises(ValueError, match="more than the 2 copies"):
+        KafkaConfig(replication_factor=2, min_insync_replicas=3).replication(3)
 
 
 def test_retention_is_set_per_topic_and_applied_to_existing_topics(kafka_service: Service) -> None:

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# A Redis that fails over, on loopback: a master, a replica and three Sentinels (quorum 2) watching them as the
+# group "turnstream" (Debian's redis-server; tests/test_redis_sentinel.py, docs/security.md).
+#   scripts/redis-sentinel.sh start          start the five processes, wait until the Sentinels know the master
+#   scripts/redis-sentinel.sh stop|reset     stop them (reset: and delete their data)
+#   scripts/redis-sentinel.sh kill-master    kill -9 whichever server is the master now (the Sentinels promote the other)
+#   scripts/redis-sentinel.sh restart-old    start the server killed last again (it rejoins as a replica)
+#   scripts/redis-sentinel.sh master         print the master's host:port, as the Sentinels say
+#   scripts/redis-sentinel.sh url            print the redis+sentinel:// URL for redis.url
+# Settings: REDIS_SENTINEL_PORT (36379): the servers on it and the port after, the Sentinels from it + 100.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+BASE="${REDIS_SENTINEL_PORT:-36379}"
+SERVERS=("$BASE" "$(( BASE + 1 ))")
+SENTINELS=("$(( BASE + 100 ))" "$(( BASE + 101 ))" "$(( BASE + 102 ))")
+RUN="$TURNSTREAM_CACHE/redis/sentinel-$BASE"
+GROUP=turnstream
+
+replica_up() { redis-cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null | grep -q '^master_link_status:up'; }
+synced() {  # every server that is a replica has its link to the master up
+    local port; for port in "${SERVERS[@]}"; do
+        redis-cli -h 127.0.0.1 -p "$port" info replication 2>/dev/null | grep -q '^role:master' && continue
+        redis-cli -h 127.0.0.1 -p "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' || return 1
+    done
+}
+answers() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == "PONG" ]]; }
+master() { redis-cli -h 127.0.0.1 -p "${SENTINELS[0]}" sentinel get-master-addr-by-name "$GROUP" 2>/dev/null | paste -sd: ; }
+
+server() {  # PORT [replicaof PORT]
+    local port="$1" dir="$RUN/server-$1"; mkdir -p "$dir" && chmod 700 "$dir"
+    local args=(--bind 127.0.0.1 --port "$port" --protected-mode yes --daemonize yes --dir "$dir"
+        --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --appendonly yes --appendfsync everysec --save "")
+    [[ $# -gt 1 ]] && args+=(--replicaof 127.0.0.1 "$3")
+    redis-server "${args[@]}" >/dev/null
+    wait_for 20 answers "$port" || die "Redis did not answer on 127.0.0.1:$port"
+}
+
+sentinel() {  # PORT: its config is rewritten by Sentinel itself, so it is written only once
+    local port="$1" dir="$RUN/sentinel-$1"; mkdir -p "$dir" && chmod 700 "$dir"
+    [[ -f "$dir/sentinel.conf" ]] || cat > "$dir/sentinel.conf" <<CONF
+bind 127.0.0.1
+port $port
+dir $dir
+sentinel monitor $GROUP 127.0.0.1 ${SERVERS[0]} 2
+sentinel down-after-milliseconds $GROUP 1000
+sentinel failover-timeout $GROUP 5000
+sentinel parallel-syncs $GROUP 1
+CONF
+    redis-server "$dir/sentinel.conf" --sentinel --daemonize yes --pidfile "$dir/sentinel.pid" \
+        --logfile "$dir/sentinel.log" >/dev/null
+    wait_for 20 answers "$port" || die "Sentinel did not answer on 127.0.0.1:$port"
+}
+
+start() {
+    bash "$REPO_ROOT/scripts/redis.sh" install
+    umask 077
+    mkdir -p "$RUN"
+    answers "${SERVERS[0]}" || server "${SERVERS[0]}"
+    answers "${SERVERS[1]}" || server "${SERVERS[1]}" replicaof "${SERVERS[0]}"
+    local port; for port in "${SENTINELS[@]}"; do answers "$port" || sentinel "$port"; done
+    wait_for 30 synced || die "the replica did not finish its first copy of the master"
+    wait_for 30 bash -c "[[ -n \"\$(redis-cli -h 127.0.0.1 -p ${SENTINELS[0]} sentinel get-master-addr-by-name $GROUP 2>/dev/null)\" ]]" \
+        || die "the Sentinels name no master"
+    log "Redis with Sentinel up: master $(master), Sentinels on ${SENTINELS[*]}"
+}
+
+stop() {
+    local port; for port in "${SENTINELS[@]}" "${SERVERS[@]}"; do
+        answers "$port" && redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    done
+    log "Redis with Sentinel stopped"
+}
+
+kill_master() {
+    local port; port="$(master | cut -d: -f2)"
+    [[ -n "$port" ]] || die "no master to kill"
+    kill -9 "$(cat "$RUN/server-$port/redis.pid")"
+    echo "$port" > "$RUN/killed"
+    log "Redis master on 127.0.0.1:$port killed (kill -9)"
+}
+
+restart_old() {  # it comes back as the master it was; the Sentinels turn it into a replica of the new one
+    local port; port="$(cat "$RUN/killed")"
+    server "$port"
+    # It starts as the master it was; the Sentinels turn it into a replica of the new one.
+    wait_for 60 replica_up "$port" || die "the restarted server did not become a replica in step with the master"
+    log "Redis on 127.0.0.1:$port started again"
+}
+
+url() { local out="" p; for p in "${SENTINELS[@]}"; do out+="${out:+,}127.0.0.1:$p"; done; echo "redis+sentinel://$out/$GROUP/0"; }
+
+case "${1:-start}" in
+    start) start ;;
+    stop) stop ;;
+    reset) stop; rm -rf "$RUN" ;;
+    kill-master) kill_master ;;
+    restart-old) restart_old ;;
+    master) master ;;
+    url) url ;;
+    *) die "usage: $0 start|stop|reset|kill-master|restart-old|master|url" ;;
+esac
