@@ -1,12 +1,15 @@
 """Routing between two policy replicas: the proxy's session affinity against round-robin, side by side in one
 run, on multi-turn sessions that share a long system prompt (as agents' sessions do). Prints one JSON object.
 
-    .venv/bin/python bench/routing.py [--sessions 12] [--turns 4] [--concurrency 4] [--system-words 300] [--rounds 2]
+    .venv/bin/python bench/routing.py [--sessions 12] [--turns 4] [--concurrency 4] [--system-words 300]
+                                      [--turn-words 60] [--rounds 2]
 
 Two SmolLM2 SGLang servers (``turnstream engine``, which reports cached tokens), Kafka and Redis (bench/infra.py)
-and, per policy, a ``turnstream proxy`` routing between the two. Each round runs every policy once, in turn, after
-flushing both servers' prefix caches, on the same sessions: each turn sends the conversation so far plus a new user
-message (greedy, 16 tokens). Figures per policy: the prefix-cache hit rate (the prompt tokens SGLang found cached,
+and, per policy, a ``turnstream proxy`` routing between the two. Each round runs every policy once, in turn, each
+with a proxy of its own after flushing both servers' prefix caches, on the same sessions (same ids and texts):
+each turn sends the conversation so far plus a new user message carrying ``--turn-words`` words of its own (what
+an agent's tool output adds to its context each turn; 0: a short question), greedy, 16 tokens. Figures per
+policy: the prefix-cache hit rate (the prompt tokens SGLang found cached,
 ``usage.prompt_tokens_details.cached_tokens``, over all prompt tokens), turns per second, and the mean and p90
 latency of a turn; the ratios are affinity over round-robin.
 """
@@ -65,9 +68,13 @@ async def session(
                 "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
             }
         )
+        output = " ".join(f"{name}-{turn}-{i}" for i in range(args.turn_words))  # this session's own text
         messages += [
             {"role": "assistant", "content": data["choices"][0]["message"]["content"] or ""},
-            {"role": "user", "content": f"Now step {turn + 2}: make it handle {turn + 2} numbers."},
+            {
+                "role": "user",
+                "content": f"Tool output: {output}\nNow step {turn + 2}: handle {turn + 2} numbers.",
+            },
         ]
 
 
@@ -121,6 +128,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--system-words", type=int, default=300)
+    ap.add_argument("--turn-words", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     model = fetch_smollm2()
@@ -145,9 +153,7 @@ def main() -> None:
                 )
                 try:
                     wait_ready(port)
-                    results[policy].append(
-                        asyncio.run(drive(f"http://127.0.0.1:{port}", args, f"{policy}{r}"))
-                    )
+                    results[policy].append(asyncio.run(drive(f"http://127.0.0.1:{port}", args, f"s{r}")))
                 finally:
                     proc.terminate()
                     proc.wait(60)
