@@ -8,8 +8,10 @@
 #      4.4.0 from the Maven jars, Redis and Prometheus from Debian, SGLang 0.5.23 from the locked CPU venv);
 #      Grafana has none and stays out;
 #   3. turnstream's image from the real Dockerfile (runtime target; only BASE_IMAGE differs);
-#   4. per layout (two engines: compose.yaml; one GPU with LoRA: + compose.one-gpu.yaml), with compose.cpu.yaml
-#      over it (images, GPU reservations, trainer precision: nothing else), SmolLM2 as the model and SGLang's CPU
+#   4. per layout (two engines: compose.yaml; one GPU with LoRA: + compose.one-gpu.yaml; replicas: two policy
+#      servers, three Kafka brokers and Redis with Sentinel, + compose.replicas.yaml + compose.ha.yaml), with
+#      compose.cpu.yaml (and compose.cpu.replicas.yaml) over it (images, GPU reservations, trainer precision:
+#      nothing else), SmolLM2 as the model and SGLang's CPU
 #      flags in POLICY_SGLANG_ARGS/TEACHER_SGLANG_ARGS: up; the OpenAI SDK through the published proxy port (multi-
 #      turn sessions, streamed and not, OpenClaw-RL's session headers), and the Responses and Messages APIs with
 #      their vendors' SDKs; turns recorded, paired, judged, taught,
@@ -17,16 +19,19 @@
 #      beside the base) once the gate promoted it (GATE_ENABLED, on unless REHEARSE_GATE=false) and a new turn
 #      carries it; the console and Prometheus answer, the console's logged login link opens it, every Prometheus
 #      target is up; `down` and `up` again: the volumes keep the state, the trainer resumes, versions go on and no
-#      sample is trained twice; `down -v`.
+#      sample is trained twice; `down -v`. The replicas layout also checks that sessions spread over both policy
+#      servers and stay put, every topic has 3 copies, and kills in the middle of traffic a Kafka broker, the Redis
+#      master and a policy server (each started again after): every turn answered and recorded once, training
+#      goes on, no sample trained twice, the restarted policy server back on the served version and in rotation.
 #
 # It prints PASS/FAIL per check and the time, exits non-zero on any failure, and removes what it started
-# (containers, networks, volumes), leaving the image cache. REHEARSE_LAYOUTS="two-engines one-gpu" (default) picks
-# layouts; REHEARSE_KEEP=1 leaves the last layout running.
+# (containers, networks, volumes), leaving the image cache. REHEARSE_LAYOUTS="two-engines one-gpu replicas"
+# (default) picks layouts; REHEARSE_KEEP=1 leaves the last layout running.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 started=$(date +%s)
-LAYOUTS="${REHEARSE_LAYOUTS:-two-engines one-gpu}"
+LAYOUTS="${REHEARSE_LAYOUTS:-two-engines one-gpu replicas}"
 results=()
 failures=0
 
@@ -51,6 +56,9 @@ docker compose version >/dev/null || die "the compose plugin did not come up"
 log "stand-in images (cached)"
 bash scripts/rehearse/images.sh
 base_image="turnstream-rehearse/debian-base:bookworm"
+# compose.yaml's images by name (compose.cpu.yaml defaults to the same; services that extend others inherit these)
+export KAFKA_IMAGE="turnstream-rehearse/kafka:4.4.0" REDIS_IMAGE="turnstream-rehearse/redis:7"
+export SGLANG_IMAGE="turnstream-rehearse/sglang:v0.5.23-cpu" PROMETHEUS_IMAGE="turnstream-rehearse/prometheus:v3.5.0"
 export TURNSTREAM_IMAGE="turnstream-rehearse/turnstream:latest"
 log "turnstream's image from the real Dockerfile (runtime target, BASE_IMAGE=$base_image)"
 build_started=$(date +%s)
@@ -118,13 +126,54 @@ cleanup() {
 files=()
 trap cleanup EXIT
 
+next_version() {  # one more than the versions published so far
+    in_network /rehearse/pipeline_check.py counts 2>/dev/null | tail -1 \
+        | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["weights"] + 1)'
+}
+talk_while() {  # talk_while TAG COMMAND...: sessions through the proxy, COMMAND run 8 s into them
+    local out; out="$(mktemp)"
+    .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 4 --turns 4 --tag "$1" >"$out" 2>&1 &
+    local talker=$!
+    shift; sleep 8; "$@" >&2
+    wait "$talker" || true
+    cat "$out"; rm -f "$out"
+}
+healthy() { [[ "$(docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "$1")" 2>/dev/null)" == healthy ]]; }
+killed_in_traffic() {  # TAG SERVICE WHAT: SERVICE killed 8 s into sessions, the pipeline checked, SERVICE started
+    local version; version="$(next_version)"
+    log "[$layout] $3"
+    checks talk_while "$1" compose kill "$2"
+    checks in_network /rehearse/pipeline_check.py flow "$version" --within 900
+    checks in_network /rehearse/pipeline_check.py lineage
+    compose start "$2" >&2
+}
+faults() {  # the replicas layout: sessions spread, topics replicated; a broker, the Redis master, a policy server die
+    checks in_network /rehearse/pipeline_check.py replicas rehearse-a-
+    checks in_network /rehearse/pipeline_check.py topics
+    killed_in_traffic k kafka "a Kafka broker killed in the middle of traffic"
+    checks verdict "the killed broker is back" wait_for 300 healthy kafka
+    killed_in_traffic r redis "the Redis master killed in the middle of traffic (the Sentinels promote the replica)"
+    log "[$layout] a policy server killed: new sessions go to the other; started again, it loads the served version"
+    compose kill sglang-policy-2 >&2
+    checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 2 --tag p
+    checks in_network /rehearse/pipeline_check.py replicas rehearse-p- sglang-policy
+    compose start sglang-policy-2 >&2
+    checks verdict "the killed policy server is back" wait_for 900 healthy sglang-policy-2
+    checks in_network /rehearse/pipeline_check.py engine
+    checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 2 --tag q
+    checks in_network /rehearse/pipeline_check.py replicas rehearse-q-
+    checks in_network /rehearse/pipeline_check.py lineage
+}
+
 for layout in $LAYOUTS; do
     layout_started=$(date +%s)
     case "$layout" in
         two-engines) files=(-f compose.yaml -f compose.cpu.yaml); lora_flags="" ;;
         one-gpu) files=(-f compose.yaml -f compose.one-gpu.yaml -f compose.cpu.yaml)
             lora_flags="--lora-backend torch_native" ;;  # SGLang's one LoRA backend without GPU kernels
-        *) die "unknown layout $layout (two-engines, one-gpu)" ;;
+        replicas) files=(-f compose.yaml -f compose.replicas.yaml -f compose.ha.yaml -f compose.cpu.yaml
+            -f compose.cpu.replicas.yaml); lora_flags="" ;;
+        *) die "unknown layout $layout (two-engines, one-gpu, replicas)" ;;
     esac
     export COMPOSE_PROJECT_NAME="turnstream-rehearse-$layout"
     export POLICY_SGLANG_ARGS="$cpu_flags --max-total-tokens 16384 $lora_flags" TEACHER_SGLANG_ARGS="$cpu_flags --max-total-tokens 16384"
@@ -148,17 +197,19 @@ for layout in $LAYOUTS; do
         curl -fsS -o /dev/null -H "Authorization: Bearer $CONSOLE_TOKEN" "http://127.0.0.1:$CONSOLE_PORT/api/sessions"
     login_link="$(compose logs console 2>/dev/null | grep -o 'http://[^ "]*/login?token=[^ "\\]*' | tail -1 || true)"
     checks verdict "the console's logged login link opens it (${login_link%%\?*})" curl -fsS -o /dev/null "$login_link"
-    reach() {  # whether the service's container can open the policy server's health check
+    reach() {  # whether the service's container can open a policy server's health check
         compose exec -T "$1" python -c \
-            'import urllib.request; urllib.request.urlopen("http://sglang-policy:30000/health", timeout=5)' \
+            "import urllib.request; urllib.request.urlopen('http://${2:-sglang-policy}:30000/health', timeout=5)" \
             >/dev/null 2>&1
     }
     checks verdict "the proxy reaches the policy server on the engines network" reach proxy
+    [[ $layout == replicas ]] && checks verdict "the proxy reaches the second policy server" reach proxy sglang-policy-2
     unreachable() { ! reach "$1"; }
     checks verdict "the console, off that network, cannot" unreachable console
     sleep 20  # one scrape interval (15 s) after everything is up
     checks verdict "Prometheus answers and every target is up" targets_up
     checks in_network /rehearse/pipeline_check.py lineage
+    [[ $layout == replicas ]] && faults
     before="$(in_network /rehearse/pipeline_check.py counts 2>/dev/null | tail -1)"
 
     log "[$layout] down and up again: the volumes keep the state"

@@ -299,12 +299,21 @@ def test_every_prometheus_target_is_a_compose_service_serving_metrics_there(defa
                 targets.add((host, int(port)))
         for dns in job.get("dns_sd_configs", []):
             targets |= {(name, int(dns["port"])) for name in dns["names"]}
+    scaled = json.loads(resolve("compose.yaml", "compose.replicas.yaml", "compose.ha.yaml").stdout)[
+        "services"
+    ]
     for host, port in targets:
-        assert host in services, f"{host}: no such compose service"
-        assert _metrics_port(host, services[host]) == port, host
+        assert host in scaled, f"{host}: no such compose service"
+        assert _metrics_port(host, scaled[host]) == port, host
     scraped = {host for host, _ in targets}
-    # every long-running turnstream service and both engines (topics is a one-shot job; judge-alt a profile)
-    assert scraped == {*OURS, "sglang-policy", "sglang-teacher"} - {"topics"}
+    # every long-running turnstream service and every engine (topics is a one-shot job; judge-alt a profile), the
+    # second policy server (compose.replicas.yaml) by DNS, so compose.yaml alone has no target down
+    assert scraped == {*OURS, "sglang-policy", "sglang-teacher", "sglang-policy-2"} - {"topics"}
+    assert "sglang-policy-2" not in services
+    by_dns = {
+        n for job in prometheus["scrape_configs"] for d in job.get("dns_sd_configs", []) for n in d["names"]
+    }
+    assert "sglang-policy-2" in by_dns
     assert services["prometheus"]["volumes"][0]["source"].endswith("deploy/prometheus/prometheus.yml")
     mounted = {v["target"] for v in services["grafana"]["volumes"]}
     assert {"/etc/grafana/provisioning", "/var/lib/grafana/dashboards"} <= mounted
@@ -550,15 +559,36 @@ def starts_together(servers: dict[str, Server], total: float) -> dict[str, float
     return held
 
 
-@pytest.mark.parametrize("layout", [[], ["compose.one-gpu.yaml"]], ids=["two-engines", "one-gpu"])
+@pytest.mark.parametrize(
+    ("layout", "cpu"),
+    [
+        ([], ["compose.cpu.yaml"]),
+        (["compose.one-gpu.yaml"], ["compose.cpu.yaml"]),
+        (["compose.replicas.yaml", "compose.ha.yaml"], ["compose.cpu.yaml", "compose.cpu.replicas.yaml"]),
+    ],
+    ids=["two-engines", "one-gpu", "replicas"],
+)
 def test_the_cpu_rehearsal_overlay_replaces_images_gpus_and_precision_and_nothing_else(
-    layout: list[str],
+    layout: list[str], cpu: list[str]
 ) -> None:
-    """What `make rehearse` runs is what ships: compose.cpu.yaml may swap images (stand-ins), drop GPU
-    reservations and set the trainer's precision (bf16 refuses a machine without a GPU); every other key of every
-    service (commands, environment, volumes, users, health checks, dependencies) is compose.yaml's."""
+    """What `make rehearse` runs is what ships: compose.cpu.yaml (and compose.cpu.replicas.yaml) may swap images
+    (stand-ins), drop GPU reservations and set the trainer's precision (bf16 refuses a machine without a GPU);
+    every other key of every service (commands, environment, volumes, users, health checks, dependencies) is the
+    shipped files'. The images the rehearsal names in the environment reach the services that extend others."""
+    images = {
+        "KAFKA_IMAGE": "turnstream-rehearse/kafka:4.4.0",
+        "REDIS_IMAGE": "turnstream-rehearse/redis:7",
+        "SGLANG_IMAGE": "turnstream-rehearse/sglang:v0.5.23-cpu",
+    }
     shipped = resolve("compose.yaml", *layout)
-    rehearsed = resolve("compose.yaml", *layout, "compose.cpu.yaml")
+    rehearsed = resolve("compose.yaml", *layout, *cpu, **images)
+    everywhere = json.loads(rehearsed.stdout)["services"]
+    assert all(
+        s["image"] in (*images.values(), "turnstream:latest", "turnstream-rehearse/prometheus:v3.5.0")
+        for n, s in everywhere.items()
+        if n != "grafana"
+    ), {n: s["image"] for n, s in everywhere.items()}
+    rehearsed = resolve("compose.yaml", *layout, *cpu)
     assert shipped.returncode == 0 and rehearsed.returncode == 0, shipped.stderr + rehearsed.stderr
     before, after = json.loads(shipped.stdout)["services"], json.loads(rehearsed.stdout)["services"]
     assert set(before) == set(after)
@@ -738,3 +768,65 @@ def test_the_consoles_login_link_names_the_published_port(default: dict[str, Any
     assert link(moved["console"]) == "http://127.0.0.1:18080/login?token=T"
     named = json.loads(resolve(CONSOLE_URL="https://gpu-host.example:8443").stdout)["services"]
     assert link(named["console"]) == "https://gpu-host.example:8443/login?token=T"
+
+
+def test_replicas_every_policy_server_is_routed_reloaded_and_evaluated() -> None:
+    """compose.replicas.yaml: the second policy server is the first one (command, keys, volumes, network, health
+    check) on its own GPUs; the proxy names both as replicas and waits for both; the eval asks either."""
+    out = resolve("compose.yaml", "compose.replicas.yaml", POLICY_2_GPUS="5")
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    first, second = services["sglang-policy"], services["sglang-policy-2"]
+    assert gpus(second) == ["5"] and gpus(first) == ["0"]
+    for key in ("image", "command", "volumes", "networks", "healthcheck", "environment"):
+        assert first[key] == second[key], key
+    env = {k: v for k, v in services["proxy"]["environment"].items() if v is not None}
+    engine = load_config(env=env).engine
+    policies = sorted(n for n in services if n.startswith("sglang-policy"))
+    assert engine.urls == [f"http://{n}:30000" for n in policies]
+    assert {"sglang-policy", "sglang-policy-2"} <= set(services["proxy"]["depends_on"])
+    assert {"sglang-policy", "sglang-policy-2"} <= set(services["trainer"]["depends_on"])
+    eval_config = load_config(env={k: v for k, v in services["eval"]["environment"].items() if v is not None})
+    assert eval_config.eval.engine_url == "" and eval_config.engine.urls == engine.urls
+
+
+def test_ha_every_service_reaches_three_brokers_and_the_redis_master_through_sentinel() -> None:
+    """compose.ha.yaml: three KRaft brokers of one cluster (their own ids, addresses and volumes), every topic made
+    with 3 copies and 2 in sync, every turnstream service bootstrapped from all three and on Redis through its
+    Sentinels, which watch the master compose.yaml runs; the sealing keys wait for the replica."""
+    out = resolve("compose.yaml", "compose.replicas.yaml", "compose.ha.yaml", COMPOSE_PROFILES="judge-alt")
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    brokers = [services[n] for n in ("kafka", "kafka-2", "kafka-3")]
+    envs = [b["environment"] for b in brokers]
+    assert [e["KAFKA_NODE_ID"] for e in envs] == ["1", "2", "3"]
+    assert len({e["CLUSTER_ID"] for e in envs}) == 1
+    assert {e["KAFKA_CONTROLLER_QUORUM_VOTERS"] for e in envs} == {
+        "1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093"
+    }
+    assert [e["KAFKA_ADVERTISED_LISTENERS"] for e in envs] == [
+        f"PLAINTEXT://{n}:9092" for n in ("kafka", "kafka-2", "kafka-3")
+    ]
+    assert len({b["volumes"][0]["source"] for b in brokers}) == 3
+    assert all(e["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "3" for e in envs)
+    sentinels = [n for n in services if n.startswith("redis-sentinel-")]
+    assert len(sentinels) == 3
+    script = services[sentinels[0]]["command"][-1]
+    assert "sentinel monitor turnstream redis 6379 2" in script
+    assert "--replicaof" in services["redis-replica"]["command"]
+    for name in (*OURS, "judge-alt"):
+        env = {k: v for k, v in services[name]["environment"].items() if v is not None}
+        config = load_config(env=env)
+        assert config.kafka.bootstrap == "kafka:9092,kafka-2:9092,kafka-3:9092", name
+        assert (
+            config.redis.url.startswith("redis+sentinel://")
+            and config.kafka.seal_keys_url == config.redis.url
+        )
+        assert config.kafka.seal_keys_replicas == 1, name
+        if name != "topics":
+            assert set(sentinels) <= set(services[name]["depends_on"]), name
+    topics = load_config(
+        env={k: v for k, v in services["topics"]["environment"].items() if v is not None}
+    ).kafka
+    assert topics.replication(3) == (3, 2)
+    assert {"kafka", "kafka-2", "kafka-3"} <= set(services["topics"]["depends_on"])

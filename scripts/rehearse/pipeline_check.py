@@ -7,9 +7,13 @@ advertises ``kafka:9092``, which only that network resolves).
     python pipeline_check.py gate VERSION [--within S]   # with GATE_ENABLED: the gate decided VERSION (or a newer
                                                           # one) from its evaluation, and what users are served
     python pipeline_check.py counts                       # the topics' record counts as JSON (for down/up)
-    python pipeline_check.py engine                       # the policy server holds the newest published version
-                                                          # (or one published since)
+    python pipeline_check.py engine                       # every policy server holds the newest published
+                                                          # version (or one published since)
                                                           # (with LoRA: as an adapter beside the base)
+    python pipeline_check.py replicas PREFIX [HOST...]    # the turns of sessions named PREFIX* were answered by
+                                                          # every policy replica (or only HOST...), each
+                                                          # session by one
+    python pipeline_check.py topics                       # every topic has the copies the brokers can give
 
 Every check prints ``PASS <what>`` or ``FAIL <what>: <why>``; a failure exits 1. Settings come from the environment
 compose gives turnstream's services (TURNSTREAM_KAFKA_*).
@@ -81,6 +85,12 @@ async def flow(version: int, within_s: float) -> None:
 
 
 async def lineage() -> None:
+    turns = [t.turn_id for t in await events(TURNS)]
+    check(
+        len(turns) == len(set(turns)) > 0,
+        f"every turn recorded once ({len(turns)} turns)",
+        f"{len(turns) - len(set(turns))} recorded twice",
+    )
     published = await events(WEIGHTS)
     versions = [w.version for w in published]
     trained = [sid for w in published for sid in w.sample_ids]
@@ -131,8 +141,48 @@ async def gate(version: int, within_s: float) -> None:
     )
 
 
+async def replicas(prefix: str, only: list[str]) -> None:
+    """Which replica answered each turn of the sessions named ``prefix*`` (``Turn.replica``): every one, or only
+    the hosts named (the others down)."""
+    from runtime.configuration.config import replica_name
+
+    config = load_config()
+    names = [replica_name(url) for url in config.engine.urls]
+    wanted = [n for n in names if not only or n.split(":")[0] in only]
+    turns = [t for t in await events(TURNS) if t.session_id.startswith(prefix)]
+    answered = {name: sum(t.replica == name for t in turns) for name in names}
+    by = "every policy replica" if not only else " and ".join(only)
+    check(
+        all(answered[n] for n in wanted) and sum(answered[n] for n in wanted) == len(turns) > 0,
+        f"the turns of {prefix}* were answered by {by} ({answered})",
+        f"{len(turns)} turns",
+    )
+    homes = {t.session_id: {u.replica for u in turns if u.session_id == t.session_id} for t in turns}
+    moved = sorted(sid for sid, where in homes.items() if len(where) > 1)
+    check(not moved, f"each of the {len(homes)} sessions stayed on one replica", f"moved: {moved}")
+
+
+async def topics() -> None:
+    """The copies each topic is kept in and its min.insync.replicas, as ``turnstream topics describe`` reads them."""
+    from runtime.messaging.topics import describe_topics
+
+    states = await describe_topics(load_config().kafka)
+    copies = sorted({(s.replicas, s.configs.get("min.insync.replicas")) for s in states})
+    check(
+        len(states) > 0 and copies == [(3, "2")],
+        f"{len(states)} topics, each kept in 3 copies, 2 in sync ({copies})",
+        "a topic kept otherwise",
+    )
+
+
 async def engine() -> None:
-    """What the reloader made of the newest version, asked of the policy server itself."""
+    """What the reloader made of the newest version, asked of every policy server itself."""
+    config = load_config()
+    for url in config.engine.urls:
+        await engine_at(url)
+
+
+async def engine_at(url: str) -> None:
     import httpx
 
     config = load_config()
@@ -147,7 +197,6 @@ async def engine() -> None:
         f"versions are published as {want} ({newest.path})",
         str({w.format for w in published}),
     )
-    url = config.engine.url  # the proxy's engine: this check runs in its container
     auth = {
         "Authorization": f"Bearer {config.engine.api_key}"
     }  # compose gives the proxy the engine's API key
@@ -177,7 +226,7 @@ async def engine() -> None:
             await asyncio.sleep(3)
     what = "as a LoRA adapter beside the base" if config.lora_adapters else "from the shared volume"
     gate = f" (or version {gated}, which the gate has it serve)" if config.gate.enabled else ""
-    check(ok, f"the policy server holds version {newest.version} or newer{gate} {what} ({served})", "")
+    check(ok, f"{url} holds version {newest.version} or newer{gate} {what} ({served})", "")
     # Its admin routes take the admin key alone, which only the proxy's reloader sends (issue 32, item 3).
     async with httpx.AsyncClient(timeout=30) as http:
         update = {"model_path": "/models", "weight_version": "999"}
@@ -185,7 +234,7 @@ async def engine() -> None:
             (await http.post(url + "/update_weights_from_disk", json=update, headers=headers)).status_code
             for headers in ({}, {"Authorization": f"Bearer {config.engine.api_key}"})
         ]
-    check(codes == [401, 401], "the policy server refuses a weight update without its admin key", str(codes))
+    check(codes == [401, 401], f"{url} refuses a weight update without its admin key", str(codes))
 
 
 if __name__ == "__main__":
@@ -200,6 +249,10 @@ if __name__ == "__main__":
         asyncio.run(lineage())
     elif args[:1] == ["engine"]:
         asyncio.run(engine())
+    elif args[:1] == ["replicas"]:
+        asyncio.run(replicas(args[1], args[2:]))
+    elif args[:1] == ["topics"]:
+        asyncio.run(topics())
     elif args[:1] == ["counts"]:
         print(json.dumps(asyncio.run(counts())))
     else:

@@ -10,14 +10,18 @@ import msgspec
 from runtime.configuration.config import Config, ConfigError
 from runtime.process.commands import Subparsers, command, override, refuse, worker
 
-_SERVE = worker("eval", ("engine_url",), "services.eval.worker:run_eval")
+_SERVE = worker("eval", (), "services.eval.worker:run_eval")
 
 
 def register(sub: Subparsers) -> None:
     ev = command(
         sub, "eval", "the held-out evaluation of each weight version the engine serves (-> evals)", run
     )
-    ev.add_argument("--engine-url", help="the policy engine (default: eval.engine_url, else engine.url)")
+    ev.add_argument(
+        "--engine-url",
+        help="the policy engine, or several replicas comma-separated, asked in turn until one answers "
+        "(default: eval.engine_url, else engine.replicas, else engine.url)",
+    )
     ev.add_argument(
         "--set",
         action="append",
@@ -34,7 +38,22 @@ def register(sub: Subparsers) -> None:
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
+    try:
+        config = with_engines(config, args.engine_url)
+    except ConfigError as exc:
+        return refuse("eval", exc)
     return _sets(config, args) if args.sets else _SERVE(config, args)
+
+
+def with_engines(config: Config, flag: str | None) -> Config:
+    """``--engine-url``: one policy engine (``eval.engine_url``), or several replicas (``engine.replicas``)."""
+    urls = [url.strip() for url in (flag or "").split(",") if url.strip()]
+    if len(urls) <= 1:
+        return override(config, "eval", {"engine_url": urls[0] if urls else None})
+    engine = msgspec.structs.replace(config.engine, url=urls[0], replicas=urls)
+    return msgspec.structs.replace(
+        config, engine=engine, eval=msgspec.structs.replace(config.eval, engine_url="")
+    )
 
 
 def _sets(config: Config, args: argparse.Namespace) -> int:
@@ -43,7 +62,6 @@ def _sets(config: Config, args: argparse.Namespace) -> int:
     from services.eval.set_runner import SetRunError, evaluate_sets
 
     try:
-        config = override(config, "eval", {"engine_url": args.engine_url})
         sets = [load_set(path) for path in args.sets]
         results = asyncio.run(evaluate_sets(config, sets, args.version, publish=not args.no_publish))
     except (ConfigError, EvalSetError, SetRunError) as exc:

@@ -40,16 +40,22 @@ answered."""
 
 
 def engine_asker(
-    engine: EngineClient, max_tokens: int, adapters: bool, concurrency: int, thinking: bool = False
+    engine: EngineClient | Callable[[], EngineClient],
+    max_tokens: int,
+    adapters: bool,
+    concurrency: int,
+    thinking: bool = False,
 ) -> Ask:
+    """Asks ``engine`` (or the one it returns when called: the replica the held-out evaluation is on)."""
     limit = asyncio.Semaphore(concurrency)
 
     async def ask(case: EvalCase, version: int, model: str) -> tuple[str, int] | None:
         body = asking.request(model, case.conversation(), case.max_tokens or max_tokens, thinking)
         if adapters and version:
             body["lora_path"] = adapter_name(version)
+        client = engine if isinstance(engine, EngineClient) else engine()
         async with limit:  # greedy: a retried request gets the same answer
-            data = await engine.chat_raw(body, idempotent=True)
+            data = await client.chat_raw(body, idempotent=True)
         if weight_versions(data) != ({0} if adapters else {version}):
             return None
         return asking.answer_text(data), int((data.get("usage") or {}).get("completion_tokens", 0))
@@ -141,7 +147,9 @@ async def evaluate_sets(
 
     ec = config.eval
     engine = EngineClient(
-        ec.engine_url or config.engine.url, api_key=config.engine.api_key, timeout_s=config.engine.timeout_s
+        ec.engine_url or config.engine.urls[0],
+        api_key=config.engine.api_key,
+        timeout_s=config.engine.timeout_s,
     )
     needs_judge = any(c.rubric is not None for s in sets for case in s.cases for c in case.checks)
     judge, judge_model = judge_client(config) if needs_judge else (None, "")

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 from redis.exceptions import RedisError
@@ -55,9 +55,13 @@ SECONDS = Histogram(
 
 
 class Evaluator:
+    """Asks one policy engine, or the first of several replicas (``engine.replicas``) that answers: every replica
+    serves the versions the reloader gives them, so a version is evaluated on whichever replica serves it, and a
+    replica that is down does not stop the evaluation."""
+
     def __init__(
         self,
-        engine: EngineClient,
+        engine: EngineClient | Sequence[EngineClient],
         personas: tuple[Persona, ...],
         questions: list[str],
         max_tokens: int,
@@ -65,7 +69,11 @@ class Evaluator:
         adapters: bool = False,
         thinking: bool = False,
     ) -> None:
-        self.engine = engine
+        self.engines = [engine] if isinstance(engine, EngineClient) else list(engine)
+        if not self.engines:
+            raise ValueError("no policy engine to evaluate on")
+        self.engine = self.engines[0]
+        """The engine that answered ``served`` last: the evaluation that follows asks it."""
         self.thinking = thinking
         self.adapters = adapters
         """Versions are LoRA adapters on the engine's base (``Config.lora_adapters``): the newest loaded one is
@@ -76,12 +84,19 @@ class Evaluator:
         self.limit = asyncio.Semaphore(concurrency)
 
     async def served(self) -> tuple[int, str] | None:
-        """(version, model) the engine serves now; None when it does not answer or reports no integer version."""
-        try:
-            info = await self.engine.model_info()
-        except EngineError as exc:
-            log.warning("engine unavailable", extra={"error": str(exc)})
-            return None
+        """(version, model) the engine serves now (the one that answered last first, then the other replicas in
+        order); None when none answers or it reports no integer version."""
+        for engine in sorted(self.engines, key=lambda e: e is not self.engine):
+            try:
+                info = await engine.model_info()
+            except EngineError as exc:
+                log.warning("engine unavailable", extra={"engine": engine.base_url, "error": str(exc)})
+                continue
+            self.engine = engine
+            return await self._version(info)
+        return None
+
+    async def _version(self, info: dict[str, object]) -> tuple[int, str] | None:
         version = str(info.get("weight_version", ""))
         if not version.isdigit():
             return None
@@ -164,11 +179,12 @@ async def run_eval(
     ec = config.eval
     questions = heldout_questions()
     personas = by_name(ec.personas or None)
-    engine = EngineClient(
-        ec.engine_url or config.engine.url, api_key=config.engine.api_key, timeout_s=config.engine.timeout_s
-    )
+    engines = [
+        EngineClient(url, api_key=config.engine.api_key, timeout_s=config.engine.timeout_s)
+        for url in ([ec.engine_url] if ec.engine_url else config.engine.urls)
+    ]
     evaluator = Evaluator(
-        engine, personas, questions, ec.max_tokens, ec.concurrency, config.lora_adapters, ec.thinking
+        engines, personas, questions, ec.max_tokens, ec.concurrency, config.lora_adapters, ec.thinking
     )
     stop = stop or asyncio.Event()
     if install_signals:
@@ -182,7 +198,9 @@ async def run_eval(
         rubric: Rubric | None = engine_rubric(judge, judge_model)
     else:
         rubric = None
-    ask = engine_asker(engine, ec.max_tokens, config.lora_adapters, ec.concurrency, ec.thinking)
+    ask = engine_asker(
+        lambda: evaluator.engine, ec.max_tokens, config.lora_adapters, ec.concurrency, ec.thinking
+    )
     question_set = question_set_id(questions)
     done = await evaluated_versions(config, question_set)
     last = max(done, default=-1)

@@ -92,7 +92,7 @@ def plan(
         worker("dispatcher", ["dispatcher"]),
         # A clean stop finishes the step in progress and writes a full checkpoint: ~30 s on this CPU.
         worker("trainer", ["trainer", "--hf-checkpoint", model], stop_timeout_s=180.0),
-        worker("eval", ["eval", "--engine-url", engine_url]),  # the policy engine directly, never the proxy
+        worker("eval", ["eval", "--engine-url", policy_urls]),  # the policy engines directly, never the proxy
     ]
     if mode_spec(config.dispatcher.mode).needs_hint:  # rl scores no hints: no teacher worker
         services.insert(-3, worker("teacher", ["teacher", "--engine-url", teacher_url]))

@@ -2,13 +2,14 @@
 loaded beside the base model, the policy's turns go to it and carry its version, its log-probs are the trainer's,
 the adapter before is unloaded once nothing uses it, requests naming no adapter (the judge's, the teacher's) get
 the base model, and a full-weights version sent to an adapter-serving proxy is dead-lettered. Under the gate's
-``adapter`` mechanism a candidate is loaded beside the promoted version and evaluated by name while users are
-answered by the promoted one, until the gate promotes it."""
+``adapter`` mechanism, over two replicas, a candidate is loaded beside the promoted version on each and evaluated
+by name while users are answered by the promoted one, until the gate promotes it."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 
 from runtime.configuration.config import KafkaConfig, LoraConfig, TrainerConfig
 from runtime.engine.client import EngineClient, adapter_name
+from runtime.engine.model_store import fetch_smollm2
 from runtime.messaging.bus import EventProducer, read_topic
 from runtime.pipeline.personas import by_name
 from schemas import VersionDecision, WeightsPublished
@@ -196,21 +198,39 @@ async def test_adapter_versions_are_served_labelled_and_retired(
     assert max(abs(a - b) for a, b in zip(t.response_logprobs, want, strict=True)) < 1e-3
 
 
+@pytest.fixture(scope="module")
+def second_lora_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """A second LoRA policy server: the adapter gate over two replicas."""
+    log = open(tmp_path_factory.mktemp("lora-replica") / "engine.log", "w")
+    proc = EngineProcess(fetch_smollm2(log=False), "--lora", log=log, env={**LORA_ENV, **ENGINE_KEYS})
+    yield proc
+    proc.stop()
+    log.close()
+
+
 async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_served(
-    lora_engine: EngineProcess, proxy_env: dict[str, str], kafka: KafkaConfig, trained: dict[str, Any]
+    lora_engine: EngineProcess,
+    second_lora_engine: EngineProcess,
+    proxy_env: dict[str, str],
+    kafka: KafkaConfig,
+    trained: dict[str, Any],
 ) -> None:
+    """Over two replicas: the candidate is loaded beside the promoted version on each, the evaluation asks it by
+    name on whichever answers, no user on either replica gets it, and the verdict reaches both."""
+    urls = [lora_engine.url, second_lora_engine.url]
     proxy = ProxyProcess(
         {
             **proxy_env,
             **LORA_ENV,
             **ENGINE_KEYS,
-            "TURNSTREAM_ENGINE_URL": lora_engine.url,
+            "TURNSTREAM_ENGINE_REPLICAS": ",".join(urls),
             "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(trained["root"]),
             "TURNSTREAM_GATE_ENABLED": "true",
             "TURNSTREAM_GATE_MECHANISM": "adapter",
         }
     )
     chat = proxy.url + "/v1/chat/completions"
+    sessions = [f"g{i}" for i in range(6)]
 
     async def decide(state: str, by: str = "gate") -> None:
         async with EventProducer(kafka) as producer:
@@ -222,41 +242,59 @@ async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_
         assert r.status_code == 200, r.text
         return dict(r.json())
 
+    async def on_every_replica(names: set[str]) -> bool:
+        return all([await _has(http, url, names) for url in urls])
+
+    # The first replica is down for the evaluation (a port nothing listens on): it asks the second.
     evaluator = Evaluator(
-        EngineClient(lora_engine.url, api_key=API_KEY), by_name(None), ["Name three colours."], 10, 1, True
+        [EngineClient(url, api_key=API_KEY, retries=0) for url in ("http://127.0.0.1:9", *urls[1:])],
+        by_name(None),
+        ["Name three colours."],
+        10,
+        1,
+        True,
     )
     try:
         async with httpx.AsyncClient(timeout=300) as http:
-            base = await ask("g")
+            base = await ask("g0")
             assert base["metadata"]["weight_version"] == "0"
             await publish(kafka, 1, trained["paths"][1])
-            # Loaded beside the base (an adapter left by another test retired): the only one there.
-            await until(
-                lambda: _has(http, lora_engine.url, {adapter_name(1)}), "the candidate was not loaded beside"
-            )
+            # Loaded beside the base on each replica (an adapter left by another test retired): the only one there.
+            await until(lambda: on_every_replica({adapter_name(1)}), "the candidate was not loaded beside")
             await decide("candidate")
             # The evaluation asks the candidate by name and gets its answers; users still get the promoted one's.
             served = await evaluator.served()
-            assert served is not None and served[0] == 1
+            assert served is not None and served[0] == 1 and evaluator.engine.base_url == urls[1]
             evaluated = await evaluator.evaluate(*served)
             assert evaluated is not None
             assert evaluated.answers[0].answer != base["choices"][0]["message"]["content"].strip()
-            during = await ask("g")
-            assert during["metadata"]["weight_version"] == "0"
-            assert during["choices"][0]["message"] == base["choices"][0]["message"]
+            for session in sessions:
+                during = await ask(session)
+                assert during["metadata"]["weight_version"] == "0"
+                assert during["choices"][0]["message"] == base["choices"][0]["message"]
             await decide("rejected")
-            await until(lambda: _has(http, lora_engine.url, set()), "the rejected candidate stayed loaded")
-            assert (await ask("g"))["metadata"]["weight_version"] == "0"
+            await until(lambda: on_every_replica(set()), "the rejected candidate stayed loaded")
+            assert (await ask("g0"))["metadata"]["weight_version"] == "0"
             await decide("promoted", by="manual")  # turnstream versions promote 1: now users get it
+            await until(lambda: on_every_replica({adapter_name(1)}), "the promoted version was not loaded")
             deadline = time.monotonic() + 120
             while (promoted := await ask("h"))["metadata"]["weight_version"] != "1":
                 assert time.monotonic() < deadline, "the version promoted by hand was never served"
                 await asyncio.sleep(0.5)
             assert promoted["choices"][0]["message"]["content"].strip() == evaluated.answers[0].answer
+            for session in sessions:
+                after = await ask(f"after-{session}")
+                assert after["metadata"]["weight_version"] == "1", after
     finally:
         proxy.stop()
-    turns = await wait_for_turns(kafka, 4)
-    assert [t.weight_version for t in turns if t.session_id == "g"] == [0, 0, 0]
+    turns = await wait_for_turns(kafka, 3 + 3 * len(sessions))
+    during_turns = [t for t in turns if t.session_id in sessions]
+    assert {t.weight_version for t in during_turns} == {0}
+    replicas = {f"127.0.0.1:{e.port}" for e in (lora_engine, second_lora_engine)}
+    assert {t.replica for t in during_turns} == replicas, "users on both replicas, none given the candidate"
+    promoted_turns = [t for t in turns if t.session_id.startswith("after-")]
+    assert {t.weight_version for t in promoted_turns} == {1}
+    assert {t.replica for t in promoted_turns} == replicas
 
 
 async def _has(http: httpx.AsyncClient, url: str, names: set[str]) -> bool:

@@ -2,7 +2,9 @@
 the replica that answered; a replica killed in the middle of traffic costs only the streams it was generating
 (a clean error in-band, nothing recorded for them), new requests go to the survivor at once, every answered turn
 is recorded exactly once, and the replica rejoins; a published version reaches both, and a replica that restarts
-on its starting weights takes no traffic until it has loaded the served version."""
+on its starting weights takes no traffic until it has loaded the served version. Under the gate (serve-then-check)
+the real eval and gate services decide a candidate that both replicas serve while it is checked, the eval asking
+whichever replica answers, and both follow the verdict."""
 
 from __future__ import annotations
 
@@ -19,8 +21,20 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.configuration.config import KafkaConfig
+from runtime.configuration.config import (
+    Config,
+    EngineConfig,
+    EvalConfig,
+    GateConfig,
+    KafkaConfig,
+    RedisConfig,
+)
+from runtime.messaging.bus import EventProducer, read_topic
+from schemas import VersionDecision
+from schemas.topics import EVALS, VERSIONS
 from services.engine.launch import EngineProcess
+from services.eval.worker import run_eval
+from services.gate.worker import run_gate
 from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
 from tests.services.proxy.test_reload import engine_version, publish
@@ -187,3 +201,92 @@ async def test_every_replica_serves_a_version_and_a_restarted_one_loads_it_befor
     assert i > 0 and len(later) == answered
     assert {t.weight_version for t in later} == {1}, Counter((t.replica, t.weight_version) for t in later)
     assert name(second_engine) in {t.replica for t in later if t.session_id.startswith("after-")}  # rejoined
+
+
+async def test_under_the_gate_both_replicas_serve_the_candidate_the_eval_checks_and_follow_the_verdict(
+    own_engine: EngineProcess,
+    second_engine: EngineProcess,
+    proxy_env: dict[str, str],
+    kafka: KafkaConfig,
+    redis_config: RedisConfig,
+    perturbed_weights: Path,
+    smollm2_path: Path,
+    unused_tcp_port: int,
+) -> None:
+    engines = (own_engine, second_engine)
+    for engine in engines:  # their starting weights (version 0), whatever the test before left on them
+        back = httpx.post(
+            engine.url + "/update_weights_from_disk",
+            json={"model_path": str(smollm2_path), "weight_version": "0"},
+            timeout=600,
+        )
+        assert back.status_code == 200, back.text
+    proxy = ProxyProcess(
+        {
+            **proxy_env,
+            "TURNSTREAM_ENGINE_REPLICAS": f"{own_engine.url},{second_engine.url}",
+            "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(perturbed_weights.parent),
+            "TURNSTREAM_PROXY_VERSION_PROBE_S": "0.5",
+            "TURNSTREAM_GATE_ENABLED": "true",
+            "TURNSTREAM_GATE_MECHANISM": "serve-then-check",
+        }
+    )
+    gate = GateConfig(enabled=True, mechanism="serve-then-check", margin=1.0, poll_s=0.2)
+    # The eval is given a replica that never answers first: it evaluates on the ones that do.
+    dead = f"http://127.0.0.1:{unused_tcp_port}"
+    config = Config(
+        kafka=kafka,
+        redis=redis_config,
+        engine=EngineConfig(replicas=[dead, own_engine.url, second_engine.url], retries=0),
+        eval=EvalConfig(poll_s=0.5, max_tokens=16),
+        gate=gate,
+    )
+    stop = asyncio.Event()
+    services = [
+        asyncio.create_task(run_eval(config, install_signals=False, stop=stop)),
+        asyncio.create_task(run_gate(config, install_signals=False, stop=stop)),
+    ]
+
+    async def states() -> list[tuple[int, str]]:
+        return [(r.event.version, r.event.state) async for r in read_topic(kafka, VERSIONS)]
+
+    async def evaluated() -> list[int]:
+        return [r.event.version async for r in read_topic(kafka, EVALS)]
+
+    async def both_serve(version: str) -> None:
+        deadline = time.monotonic() + 240
+        while [await engine_version(http, e.url) for e in engines] != [version, version]:
+            assert time.monotonic() < deadline, f"not every replica served version {version}"
+            await asyncio.sleep(0.3)
+
+    try:
+        async with httpx.AsyncClient(timeout=300) as http:
+            deadline = time.monotonic() + 240
+            while 0 not in await evaluated():  # the promoted version's result, the candidate's baseline
+                assert time.monotonic() < deadline and not any(t.done() for t in services)
+                await asyncio.sleep(0.5)
+            await publish(kafka, 1, str(perturbed_weights))
+            await both_serve("1")  # a candidate: served on every replica while it is checked
+            assert (1, "candidate") in await states()
+            deadline = time.monotonic() + 300
+            while (1, "promoted") not in await states():
+                assert time.monotonic() < deadline, await states()
+                await asyncio.sleep(0.5)
+            assert 1 in await evaluated()
+            answered = [await ask(http, proxy.url, f"gated-{i}") for i in range(6)]
+            async with EventProducer(kafka) as producer:  # then rolled back (by hand): both go back
+                event = VersionDecision(
+                    version=1, state="rolled_back", reason="test", by="manual", decided_at=time.time()
+                )
+                await producer.send(VERSIONS, event, "policy")
+            await both_serve("0")
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*services), 120)
+        proxy.stop()
+    assert all(answered)
+    turns = [t for t in await wait_for_turns(kafka, 6) if t.session_id.startswith("gated-")]
+    assert {t.weight_version for t in turns} == {1}
+    assert {t.replica for t in turns} == {name(own_engine), name(second_engine)}
+    results = [r.event async for r in read_topic(kafka, EVALS)]
+    assert sorted({r.version for r in results}) == [0, 1] and len(results) == 2, "each version evaluated once"

@@ -161,9 +161,14 @@ def test_policy_replicas_each_get_a_server_and_the_proxy_routes_between_them() -
     assert by["engine-1"].port == 30100 and by["engine-1"].stage == 0
     assert by["engine-1"].args[by["engine-1"].args.index("--served-model-name") + 1] == "policy"
     assert by["proxy"].args[-2:] == ["--engine-url", "http://127.0.0.1:30000,http://127.0.0.1:30100"]
-    assert (
-        by["eval"].args[-1] == "http://127.0.0.1:30000"
-    )  # one replica: every one serves the version it checks
+    # the eval asks the first replica that answers (every one serves the version it checks)
+    assert by["eval"].args[-2:] == ["--engine-url", "http://127.0.0.1:30000,http://127.0.0.1:30100"]
+    from services.eval.command import with_engines
+
+    evaluated = with_engines(config, "http://a:1,http://b:2")
+    assert evaluated.engine.urls == ["http://a:1", "http://b:2"] and evaluated.eval.engine_url == ""
+    assert with_engines(config, "http://a:1").eval.engine_url == "http://a:1"
+    assert with_engines(config, None) == config
     from services.proxy.command import engines
 
     both = engines(config.engine, "http://a:1, http://b:2")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # apache/kafka's entrypoint, as far as compose.yaml uses it: KAFKA_FOO_BAR=v -> foo.bar=v (upstream's rule: "__"
-# -> "_", "___" -> "-"), format KAFKA_LOG_DIRS once (kept on the volume), run the broker in the foreground.
+# -> "_", "___" -> "-"), format KAFKA_LOG_DIRS once (kept on the volume) for cluster CLUSTER_ID (upstream's default
+# when unset, so the brokers of compose.ha.yaml agree), run the broker in the foreground.
 set -euo pipefail
 conf=/opt/kafka/config/server.properties
 : > "$conf"
@@ -13,7 +14,7 @@ logs="${KAFKA_LOG_DIRS:-/var/lib/kafka/data}"
 java_cmd() { exec_or_run=("$@"); java ${KAFKA_HEAP_OPTS} -XX:+UseG1GC -Djava.awt.headless=true \
     -Dlog4j2.configurationFile=/opt/kafka/config/log4j2.properties -cp '/opt/kafka/libs/*' "${exec_or_run[@]}"; }
 if [[ ! -f "$logs/meta.properties" ]]; then
-    cluster="${KAFKA_CLUSTER_ID:-$(java_cmd kafka.tools.StorageTool random-uuid | tail -1)}"
+    cluster="${CLUSTER_ID:-5L6g3nShT-eMCtK--X86sw}"
     java_cmd kafka.tools.StorageTool format --standalone -t "$cluster" -c "$conf" \
         || java_cmd kafka.tools.StorageTool format -t "$cluster" -c "$conf"
 fi
