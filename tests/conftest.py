@@ -3,9 +3,9 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -113,21 +113,49 @@ ENGINE_KEYS = {
 """The LoRA engine's keys (``--api-key``, ``--admin-api-key``): its tests drive it as turnstream's own clients do."""
 
 
+def _log(name: str) -> IO[str]:
+    return open(os.path.join(tempfile.gettempdir(), f"turnstream-test-{name}.log"), "w")
+
+
 def _start_engine() -> EngineProcess:
-    log = open(os.path.join(tempfile.gettempdir(), "turnstream-test-engine.log"), "w")
-    return EngineProcess(fetch_smollm2(log=False), log=log, wait=False)
+    return EngineProcess(fetch_smollm2(log=False), log=_log("engine"), wait=False)
 
 
 def _start_lora_engine() -> EngineProcess:
-    log = open(os.path.join(tempfile.gettempdir(), "turnstream-test-lora-engine.log"), "w")
     return EngineProcess(
-        fetch_smollm2(log=False), "--lora", log=log, env={**LORA_ENV, **ENGINE_KEYS}, wait=False
+        fetch_smollm2(log=False),
+        "--lora",
+        log=_log("lora-engine"),
+        env={**LORA_ENV, **ENGINE_KEYS},
+        wait=False,
     )
+
+
+MODULE_ENGINES: dict[str, Callable[[], EngineProcess]] = {
+    "reasoning_engine": lambda: EngineProcess(
+        fetch_smollm2(log=False), "--reasoning-parser", "qwen3", log=_log("reasoning-engine"), wait=False
+    ),
+    "second_engine": lambda: EngineProcess(fetch_smollm2(log=False), log=_log("second-engine"), wait=False),
+    "second_lora_engine": lambda: EngineProcess(
+        fetch_smollm2(log=False),
+        "--lora",
+        log=_log("second-lora-engine"),
+        env={**LORA_ENV, **ENGINE_KEYS},
+        wait=False,
+    ),
+}
+"""The SGLang servers of one test module each (``module_engine``): started LEAD_MODULES modules before the first
+module that uses one, so that its 60-160 s of start-up overlap those modules' tests. Not all at collection: each
+costs about 4 GB while it lives."""
+LEAD_MODULES = 3
+_early: dict[str, EngineProcess] = {}
+_start_before: dict[str, list[str]] = {}
+_due: list[str] = []
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the shared SGLang servers as soon as the selected tests are known to need them: their 70-130 s of
-    start-up then overlap the tests that run before the first one that uses them."""
+    start-up then overlap the tests that run before the first one that uses them. Plan the module servers' starts."""
     global _early_engine, _early_lora_engine
     if session.config.option.collectonly:
         return
@@ -136,10 +164,34 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _early_engine = _start_engine()
     if "lora_engine" in wanted:
         _early_lora_engine = _start_lora_engine()
+    modules = list(dict.fromkeys(item.nodeid.split("::")[0] for item in session.items))
+    first_use = {}
+    for item in session.items:
+        for name in MODULE_ENGINES.keys() & set(getattr(item, "fixturenames", ())):
+            first_use.setdefault(name, modules.index(item.nodeid.split("::")[0]))
+    for name, used in sorted(first_use.items(), key=lambda kv: kv[1]):
+        _start_before.setdefault(modules[max(0, used - LEAD_MODULES)], []).append(name)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Start the module servers that are due, one ahead at a time: a selection of a few modules must not start
+    them all at once (4 GB each)."""
+    _due.extend(_start_before.pop(item.nodeid.split("::")[0], []))
+    if _due and not _early:
+        name = _due.pop(0)
+        _early[name] = MODULE_ENGINES[name]()
+
+
+def module_engine(name: str) -> Iterator[EngineProcess]:
+    """A module fixture's own SGLang server (``MODULE_ENGINES``): the one started ahead, else started now."""
+    if name in _due:
+        _due.remove(name)
+    proc = _early.pop(name, None) or MODULE_ENGINES[name]()
+    yield from _serving(proc)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    for early in (_early_engine, _early_lora_engine):
+    for early in (_early_engine, _early_lora_engine, *_early.values()):
         if early is not None:  # never used (the tests that needed it failed before asking, or were cut)
             early.stop()
 

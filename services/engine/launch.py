@@ -4,6 +4,9 @@ On a machine without CUDA, SGLang 0.5.23 runs on the CPU only with ``SGLANG_USE_
 ``--device cpu`` still takes a GPU code path), the import-only ``sgl_kernel`` stand-in (``standin/``) first on the
 engine's PYTHONPATH, and the flags in ``CPU_FLAGS``: without ``--disable-overlap-schedule --sleep-on-idle`` the
 idle scheduler burns a core, without ``--dtype float32`` an fp32 model runs in fp16 and its log-probs move by ~1e-2.
+The KV cache is fixed by ``--max-total-tokens``; ``--mem-fraction-static`` only bounds SGLang's start-up check, which
+fails ("Loaded weights leave no GPU memory for the KV cache") when the machine's free memory fell by more than that
+fraction's complement while the weights loaded: at 0.2, another engine starting beside it was enough.
 On a GPU none of that is added. Every policy engine reports raw (temperature 1) log-probs of the sampled tokens
 (``SGLANG_RETURN_ORIGINAL_LOGPROB=1``): the trainer compares them with ``log_softmax(logits)``.
 """
@@ -37,7 +40,7 @@ CPU_FLAGS = (
     "--disable-overlap-schedule",
     "--sleep-on-idle",
     "--dtype", "float32",
-    "--mem-fraction-static", "0.2",
+    "--mem-fraction-static", "0.6",
     "--tp", "1",
 )  # fmt: skip
 

@@ -223,7 +223,8 @@ class Reloader:
         return f"version is {fmt} (full weights) but this proxy serves LoRA adapters (trainer.lora is on)"
 
     def engine_changed(self, version: int) -> None:
-        """A probe saw the engine's version change: after a restart it serves the starting weights again."""
+        """A probe saw the engine's version change (after a restart it serves the starting weights again), or saw it
+        answer again after it did not (a version published meanwhile could not be loaded)."""
         if self.promotion is not None:  # under a gate a version may be older on purpose: apply decides
             self._later(0.0)
             return

@@ -101,9 +101,14 @@ def opening_key(body: dict[str, Any]) -> str:
     return hashlib.blake2b(repr(opening).encode(), digest_size=12).hexdigest()
 
 
-def _rank(key: str, replica: Replica) -> bytes:
-    """Rendezvous hashing: every proxy orders the replicas for a key the same way."""
-    return hashlib.blake2b(f"{key}|{replica.name}".encode(), digest_size=8).digest()
+def rank(key: str, name: str) -> bytes:
+    """Rendezvous hashing: every proxy orders the replicas (by ``Replica.name``) for a key the same way."""
+    return hashlib.blake2b(f"{key}|{name}".encode(), digest_size=8).digest()
+
+
+def first_choice(key: str, names: Iterable[str]) -> str:
+    """The replica a new session keyed ``key`` goes to when all of ``names`` are equally loaded."""
+    return min(names, key=lambda name: rank(key, name))
 
 
 class Router:
@@ -156,7 +161,7 @@ class Router:
         return self._note(least, reason)
 
     def _least_loaded(self, pool: list[Replica], key: str) -> Replica:
-        return min(pool, key=lambda r: (r.in_flight, _rank(key, r)))
+        return min(pool, key=lambda r: (r.in_flight, rank(key, r.name)))
 
     def _overloaded(self, home: Replica, least: Replica) -> bool:
         return (

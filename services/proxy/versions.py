@@ -111,12 +111,15 @@ class ServedVersions:
                 await asyncio.sleep(min(interval_s, 0.5))
                 continue
             PROBES.labels("ok").inc()
+            back, moved = not self.reachable, version != self.current
             self.reachable = True
-            if version != self.current:
+            if moved:
                 log.info("engine weight version changed", extra={"from": self.current, "to": version})
                 self.changed(version)
-                if on_change is not None:
-                    on_change(version)
+            # Back after being unreachable, even on the same version: a version published while it was down
+            # could not be loaded, and nothing else would ask again.
+            if (moved or back) and on_change is not None:
+                on_change(version)
             async with self._confirmed:
                 self._last_probe_started = started
                 self._confirmed.notify_all()

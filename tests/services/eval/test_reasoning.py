@@ -5,10 +5,7 @@ reading ``content`` scored empty answers for every version. Against a real SGLan
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,19 +16,15 @@ from services.engine.launch import EngineProcess
 from services.eval import asking
 from services.eval.set_runner import engine_asker
 from services.eval.worker import Evaluator
+from tests.conftest import module_engine
 
 QUESTION = "Name three colours."
 
 
 @pytest.fixture(scope="module")
-def reasoning_engine(smollm2_path: Path) -> Iterator[EngineProcess]:
-    log = open(os.path.join(tempfile.gettempdir(), "turnstream-test-reasoning-engine.log"), "w")
-    proc = EngineProcess(smollm2_path, "--reasoning-parser", "qwen3", log=log)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        log.close()
+def reasoning_engine() -> Iterator[EngineProcess]:
+    """SmolLM2 behind SGLang's qwen3 reasoning parser (started ahead: tests/conftest.py's MODULE_ENGINES)."""
+    yield from module_engine("reasoning_engine")
 
 
 async def test_eval_answers_behind_a_reasoning_parser_are_the_models_answers(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from runtime.configuration.config import Config, KafkaConfig, RedisConfig
 from runtime.process.launch import ServiceProcess, free_port
 from schemas import PairedTurn, Turn
 from schemas.topics import TURNS, TURNS_PAIRED
+from services.proxy.replicas import first_choice
 from tests.kafka_wait import wait_for_events
 from tests.metrics import scraped
 
@@ -48,6 +50,21 @@ def proxy(proxy_env: dict[str, str]) -> Iterator[ProxyProcess]:
     p = ProxyProcess(proxy_env)
     yield p
     p.stop()
+
+
+def spread_sessions(prefix: str, replicas: list[str], each: int) -> list[str]:
+    """Session ids, ``each`` of which the router sends to every one of ``replicas`` (``host:port`` names) when
+    they are equally loaded: a test that needs users on every replica does not depend on where the hash of
+    this run's ports puts a handful of names."""
+    homes: dict[str, list[str]] = {name: [] for name in replicas}
+    for i in itertools.count():
+        session = f"{prefix}{i}"
+        home = homes[first_choice(session, replicas)]
+        if len(home) < each:
+            home.append(session)
+        if all(len(h) == each for h in homes.values()):
+            return [s for pair in zip(*homes.values(), strict=True) for s in pair]
+    raise AssertionError("unreachable")
 
 
 def assert_still_serving(base_url: str) -> None:

@@ -19,7 +19,6 @@ import torch
 
 from runtime.configuration.config import KafkaConfig, LoraConfig, TrainerConfig
 from runtime.engine.client import EngineClient, adapter_name
-from runtime.engine.model_store import fetch_smollm2
 from runtime.messaging.bus import EventProducer, read_topic
 from runtime.pipeline.personas import by_name
 from schemas import VersionDecision, WeightsPublished
@@ -27,10 +26,10 @@ from schemas.topics import DEADLETTER, VERSIONS, WEIGHTS
 from services.engine.launch import EngineProcess
 from services.eval.worker import Evaluator
 from services.trainer.checkpoints import TrainerStore
-from tests.conftest import ENGINE_KEYS, LORA_ENV
+from tests.conftest import ENGINE_KEYS, LORA_ENV, module_engine
 from tests.metrics import scraped
 from tests.samples import random_rl_samples
-from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
+from tests.services.proxy.conftest import ProxyProcess, spread_sessions, wait_for_turns
 
 pytestmark = pytest.mark.integration
 
@@ -199,13 +198,10 @@ async def test_adapter_versions_are_served_labelled_and_retired(
 
 
 @pytest.fixture(scope="module")
-def second_lora_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    """A second LoRA policy server: the adapter gate over two replicas."""
-    log = open(tmp_path_factory.mktemp("lora-replica") / "engine.log", "w")
-    proc = EngineProcess(fetch_smollm2(log=False), "--lora", log=log, env={**LORA_ENV, **ENGINE_KEYS})
-    yield proc
-    proc.stop()
-    log.close()
+def second_lora_engine() -> Iterator[EngineProcess]:
+    """A second LoRA policy server: the adapter gate over two replicas (started ahead: tests/conftest.py's
+    MODULE_ENGINES)."""
+    yield from module_engine("second_lora_engine")
 
 
 async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_served(
@@ -230,7 +226,8 @@ async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_
         }
     )
     chat = proxy.url + "/v1/chat/completions"
-    sessions = [f"g{i}" for i in range(6)]
+    replicas = [f"127.0.0.1:{e.port}" for e in (lora_engine, second_lora_engine)]
+    sessions = spread_sessions("g", replicas, 3)
 
     async def decide(state: str, by: str = "gate") -> None:
         async with EventProducer(kafka) as producer:
@@ -256,7 +253,7 @@ async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_
     )
     try:
         async with httpx.AsyncClient(timeout=300) as http:
-            base = await ask("g0")
+            base = await ask(sessions[0])
             assert base["metadata"]["weight_version"] == "0"
             await publish(kafka, 1, trained["paths"][1])
             # Loaded beside the base on each replica (an adapter left by another test retired): the only one there.
@@ -274,7 +271,7 @@ async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_
                 assert during["choices"][0]["message"] == base["choices"][0]["message"]
             await decide("rejected")
             await until(lambda: on_every_replica(set()), "the rejected candidate stayed loaded")
-            assert (await ask("g0"))["metadata"]["weight_version"] == "0"
+            assert (await ask(sessions[0]))["metadata"]["weight_version"] == "0"
             await decide("promoted", by="manual")  # turnstream versions promote 1: now users get it
             await until(lambda: on_every_replica({adapter_name(1)}), "the promoted version was not loaded")
             deadline = time.monotonic() + 120
@@ -282,19 +279,20 @@ async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_
                 assert time.monotonic() < deadline, "the version promoted by hand was never served"
                 await asyncio.sleep(0.5)
             assert promoted["choices"][0]["message"]["content"].strip() == evaluated.answers[0].answer
-            for session in sessions:
-                after = await ask(f"after-{session}")
+            for session in spread_sessions("after-", replicas, 3):
+                after = await ask(session)
                 assert after["metadata"]["weight_version"] == "1", after
     finally:
         proxy.stop()
     turns = await wait_for_turns(kafka, 3 + 3 * len(sessions))
     during_turns = [t for t in turns if t.session_id in sessions]
     assert {t.weight_version for t in during_turns} == {0}
-    replicas = {f"127.0.0.1:{e.port}" for e in (lora_engine, second_lora_engine)}
-    assert {t.replica for t in during_turns} == replicas, "users on both replicas, none given the candidate"
+    assert {t.replica for t in during_turns} == set(replicas), (
+        "users on both replicas, none given the candidate"
+    )
     promoted_turns = [t for t in turns if t.session_id.startswith("after-")]
     assert {t.weight_version for t in promoted_turns} == {1}
-    assert {t.replica for t in promoted_turns} == replicas
+    assert {t.replica for t in promoted_turns} == set(replicas)
 
 
 async def _has(http: httpx.AsyncClient, url: str, names: set[str]) -> bool:

@@ -10,7 +10,8 @@ import pytest
 
 from runtime.configuration.config import EngineConfig, replica_name
 from runtime.engine.client import EngineClient
-from services.proxy.replicas import Replica, Router, opening_key
+from services.proxy.replicas import Replica, Router, first_choice, opening_key
+from tests.services.proxy.conftest import spread_sessions
 
 
 class Wanting:
@@ -41,6 +42,20 @@ def test_a_session_stays_on_its_replica_and_new_ones_go_to_the_least_loaded() ->
         assert router.pick("s1") is first
         first.begin()
     assert first.in_flight == 4 and second.in_flight == 0
+
+
+def test_idle_replicas_take_new_sessions_where_the_shared_hash_says_and_tests_can_ask_it() -> None:
+    """Equally loaded, a new session goes to ``first_choice`` (what every proxy computes alike); the tests that need
+    users on every replica choose their session ids with it (``spread_sessions``)."""
+    pool = replicas(3)
+    names = [r.name for r in pool]
+    router = Router(pool)
+    chosen = {key: router.pick(key) for key in (f"k{i}" for i in range(60))}
+    assert all(r is not None and r.name == first_choice(key, names) for key, r in chosen.items())
+    assert len({r.name for r in chosen.values() if r is not None}) == 3  # the hash spreads them
+    spread = spread_sessions("t", names, 2)
+    assert len(spread) == 6 and sorted(first_choice(s, names) for s in spread) == sorted(names * 2)
+    assert [Router(replicas(3)).pick(s).name for s in spread] == [first_choice(s, names) for s in spread]  # type: ignore[union-attr]
 
 
 def test_an_overloaded_replica_gives_its_session_to_the_least_loaded_for_good() -> None:

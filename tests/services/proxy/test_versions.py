@@ -94,3 +94,35 @@ async def test_an_adapter_drains_when_its_last_lease_ends_and_new_leases_go_to_t
     await asyncio.wait_for(drained, 1)
     await asyncio.wait_for(adapters.drained(5), 1)  # never leased: drained at once
     assert adapters.leased(4) == 1
+
+
+async def test_an_engine_that_answers_again_on_the_same_version_is_reported_so_a_missed_load_is_retried() -> (
+    None
+):
+    """A version published while the engine was down could not be loaded; it comes back on the weights it had,
+    so no version changed, and the reloader must still hear of it (else the replica waits for the next version)."""
+    engine = Engine(0)
+    down = False
+
+    async def probe() -> int:
+        if down:
+            raise ConnectionError("refused")
+        return await engine.probe()
+
+    told: list[int] = []
+    versions = ServedVersions(0)
+    runner = asyncio.create_task(versions.run(probe, interval_s=0.02, on_change=told.append))
+    try:
+        await asyncio.sleep(0.1)
+        assert told == [] and versions.reachable  # answering, unchanged: nothing to tell
+        down = True
+        await asyncio.sleep(0.1)
+        assert not versions.reachable and told == []
+        down = False
+        await asyncio.sleep(0.1)
+        assert versions.reachable and told == [0]  # back, on the same version: told once
+        engine.version = 1
+        await asyncio.sleep(0.1)
+        assert told == [0, 1]  # a change is told as before
+    finally:
+        runner.cancel()
