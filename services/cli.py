@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from collections.abc import Sequence
 
 import msgspec
 
-from runtime.configuration.config import Config, ConfigError, load_config
+from runtime.configuration.config import Config, ConfigError, KafkaConfig, load_config
 from runtime.observability.logs import setup_logging
 from runtime.process.commands import Subparsers, command, refuse
 from services.console import command as console
@@ -48,8 +49,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _housekeeping(sub: Subparsers) -> None:
     """The commands of no service: topics, models, the resolved configuration."""
-    topics = command(sub, "topics", "create or describe the Kafka topics", _topics)
-    topics.add_argument("action", choices=["create", "describe"])
+    topics = command(sub, "topics", "create, describe or wait for the Kafka topics", _topics)
+    topics.add_argument(
+        "action",
+        choices=["create", "describe", "wait"],
+        help="wait: until every topic exists and Redis answers (a pod's init container; exit 1 at --timeout)",
+    )
+    topics.add_argument("--timeout", type=float, default=600.0, help="wait: seconds before giving up")
     topics.add_argument("--namespace", help="topic name prefix (default: kafka.namespace from the config)")
     topics.add_argument("--partitions", type=int, help="override the partition count of new topics")
     topics.add_argument("--bootstrap", help="Kafka bootstrap servers (default: kafka.bootstrap)")
@@ -74,6 +80,8 @@ def _topics(config: Config, args: argparse.Namespace) -> int:
                 bootstrap=args.bootstrap or kafka.bootstrap,
             )
             kafka.__post_init__()
+        if args.action == "wait":
+            return _wait_for_topics(config, kafka, args.timeout)
         if args.action == "create":
             created = asyncio.run(create_topics(kafka, partitions=args.partitions))
             states = asyncio.run(describe_topics(kafka))
@@ -92,6 +100,42 @@ def _topics(config: Config, args: argparse.Namespace) -> int:
             detail += " " + " ".join(f"{k}={v}" for k, v in sorted(s.configs.items()))
         print(f"{s.name:<{width}}  {s.status:<8} {detail}".rstrip())
     return 1 if any(s.status == "missing" for s in states) else 0
+
+
+def _wait_for_topics(config: Config, kafka: KafkaConfig, timeout_s: float) -> int:
+    """Until every topic exists and Redis answers: what compose's depends_on (topics done, Redis healthy) gives a
+    service, for orchestrators that start everything at once (the Helm chart's init containers)."""
+    from runtime.messaging.topics import describe_topics
+    from runtime.transport.redis_urls import redis_client
+
+    async def ready() -> str | None:
+        try:
+            missing = [s.name for s in await describe_topics(kafka) if s.status == "missing"]
+        except Exception as exc:  # Kafka not up yet: asked again
+            return f"Kafka: {type(exc).__name__}: {exc}"
+        if missing:
+            return f"topics missing: {', '.join(missing)}"
+        client = redis_client(config.redis.url, socket_timeout=5)
+        try:
+            await client.ping()
+        except Exception as exc:
+            return f"Redis: {type(exc).__name__}: {exc}"
+        finally:
+            await client.aclose()
+        return None
+
+    async def wait() -> int:
+        deadline = time.monotonic() + timeout_s
+        while (why := await ready()) is not None:
+            if time.monotonic() > deadline:
+                print(f"not ready after {timeout_s:.0f} s: {why}", file=sys.stderr)
+                return 1
+            print(f"waiting: {why}", file=sys.stderr)
+            await asyncio.sleep(2.0)
+        print("every topic exists and Redis answers")
+        return 0
+
+    return asyncio.run(wait())
 
 
 def _models(config: Config, args: argparse.Namespace) -> int:

@@ -119,6 +119,35 @@ def test_describe_of_a_missing_namespace_fails(kafka_service: Service) -> None:
     assert [line.split()[1] for line in out.stdout.splitlines()] == ["missing"] * len(ALL_TOPICS)
 
 
+def test_wait_returns_once_every_topic_exists_and_redis_answers(
+    kafka_service: Service, redis_service: Service
+) -> None:
+    """What a Kubernetes pod's init container runs (deploy/helm): it holds the service until the topics job has
+    made every topic; with Redis unreachable it keeps waiting and says why."""
+    ns = f"wait-{uuid.uuid4().hex[:8]}"
+    env = {"TURNSTREAM_KAFKA_BOOTSTRAP": kafka_service.address, "TURNSTREAM_REDIS_URL": redis_service.address}
+    early = turnstream("topics", "wait", "--namespace", ns, "--timeout", "2", env=env)
+    assert early.returncode == 1 and "topics missing" in early.stderr, early.stderr
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "topics", "wait", "--namespace", ns, "--timeout", "110"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TURNSTREAM_LOGGING_FORMAT": "text", **env},
+    )
+    try:
+        assert turnstream("topics", "create", "--namespace", ns, env=env).returncode == 0
+        out, err = waiting.communicate(timeout=120)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0 and "every topic exists" in out, err
+    no_redis = turnstream(
+        "topics", "wait", "--namespace", ns, "--timeout", "2",
+        env={**env, "TURNSTREAM_REDIS_URL": "redis://127.0.0.1:9/0"},
+    )  # fmt: skip
+    assert no_redis.returncode == 1 and "Redis" in no_redis.stderr, no_redis.stderr
+
+
 def test_bad_namespace_and_bad_config_are_clear_errors() -> None:
     out = turnstream("topics", "create", "--namespace", "has space")
     assert out.returncode == 2 and "namespace" in out.stderr
