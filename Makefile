@@ -1,5 +1,5 @@
 # turnstream developer entry points. Heavy installs live in ~/.cache/turnstream (TURNSTREAM_CACHE).
-.PHONY: setup run test lint format services-up services-down rehearse clean
+.PHONY: setup run test lint format services-up services-down rehearse rehearse-k8s clean
 
 setup:            ## venvs (cached by lock hash: the services', SGLang's), Kafka jars, redis-server
 	bash scripts/setup-venv.sh
@@ -18,6 +18,9 @@ test:             ## set up and run lint + the whole test suite (real Kafka and 
 
 rehearse:         ## the GPU-host compose deployment in real containers on this CPU machine (docs/gpu-host.md)
 	bash scripts/rehearse.sh
+
+rehearse-k8s:     ## the Helm chart on a real single-node Kubernetes built here (docs/kubernetes.md)
+	bash scripts/rehearse-k8s.sh
 
 lint:             ## ruff (checks, formatting) and mypy (schemas/, runtime/, services/)
 	bash scripts/setup-venv.sh

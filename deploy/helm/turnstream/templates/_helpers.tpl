@@ -1,0 +1,190 @@
+{{/* The release's prefix for every object: "<release>" when it already says turnstream, else "<release>-turnstream". */}}
+{{- define "ts.fullname" -}}
+{{- if contains "turnstream" .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-turnstream" .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ts.labels" -}}
+app.kubernetes.io/name: turnstream
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of one component: include "ts.selector" (list . "proxy") */}}
+{{- define "ts.selector" -}}
+app.kubernetes.io/name: turnstream
+app.kubernetes.io/instance: {{ (index . 0).Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "ts.image" -}}
+{{- $i := index . 0 -}}
+image: {{ printf "%s:%s" $i.repository (toString $i.tag) | quote }}
+imagePullPolicy: {{ $i.pullPolicy }}
+{{- end -}}
+
+{{- define "ts.secretName" -}}
+{{- .Values.secrets.existingSecret | default (printf "%s-keys" (include "ts.fullname" .)) -}}
+{{- end -}}
+
+{{/* Bundled Kafka's brokers by their stable names (StatefulSet pods behind a headless Service), or yours. */}}
+{{- define "ts.kafkaBootstrap" -}}
+{{- if .Values.kafka.bundled -}}
+{{- $fn := include "ts.fullname" . -}}
+{{- $hosts := list -}}
+{{- range $i := until (int .Values.kafka.brokers) -}}
+{{- $hosts = append $hosts (printf "%s-kafka-%d.%s-kafka:9092" $fn $i $fn) -}}
+{{- end -}}
+{{- join "," $hosts -}}
+{{- else -}}
+{{- required "kafka.bootstrap: the brokers of your Kafka cluster (kafka.bundled is false)" .Values.kafka.bootstrap -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Bundled Redis: through the three Sentinels (group "turnstream") or the one server; else yours. */}}
+{{- define "ts.redisUrl" -}}
+{{- $fn := include "ts.fullname" . -}}
+{{- if not .Values.redis.bundled -}}
+{{- required "redis.url: redis://… or redis+sentinel://… of your Redis (redis.bundled is false)" .Values.redis.url -}}
+{{- else if .Values.redis.sentinel -}}
+{{- $hosts := list -}}
+{{- range $i := until 3 -}}
+{{- $hosts = append $hosts (printf "%s-redis-sentinel-%d.%s-redis-sentinel:26379" $fn $i $fn) -}}
+{{- end -}}
+{{- printf "redis+sentinel://%s/turnstream/0" (join "," $hosts) -}}
+{{- else -}}
+{{- printf "redis://%s-redis-0.%s-redis:6379/0" $fn $fn -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Every policy replica by its stable name: the proxy routes sessions between them. */}}
+{{- define "ts.policyUrls" -}}
+{{- $fn := include "ts.fullname" . -}}
+{{- $urls := list -}}
+{{- range $i := until (int .Values.policy.replicas) -}}
+{{- $urls = append $urls (printf "http://%s-policy-%d.%s-policy:30000" $fn $i $fn) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- end -}}
+
+{{/* The judge's and the teacher's server: its own, or (teacherServer.enabled false) the policy servers. */}}
+{{- define "ts.teacherUrl" -}}
+{{- if .Values.teacherServer.enabled -}}
+{{- printf "http://%s-teacher-server:30002" (include "ts.fullname" .) -}}
+{{- else -}}
+{{- printf "http://%s-policy:30000" (include "ts.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ts.secretEnv" -}}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "ts.secretName" (index . 0) }}
+      key: {{ index . 2 }}
+{{- end -}}
+
+{{/* What every turnstream service is given (compose.yaml's x-turnstream environment). */}}
+{{- define "ts.commonEnv" -}}
+- name: TURNSTREAM_KAFKA_BOOTSTRAP
+  value: {{ include "ts.kafkaBootstrap" . | quote }}
+- name: TURNSTREAM_KAFKA_NAMESPACE
+  value: {{ .Values.kafkaNamespace | quote }}
+- name: TURNSTREAM_REDIS_URL
+  value: {{ include "ts.redisUrl" . | quote }}
+{{- if and .Values.redis.bundled .Values.redis.sentinel }}
+- name: TURNSTREAM_KAFKA_SEAL_KEYS_REPLICAS # a new sealing key reaches the replica before anything is sealed
+  value: "1"
+{{- end }}
+- name: TURNSTREAM_METRICS_PORT
+  value: "9100"
+- name: TURNSTREAM_METRICS_HOST
+  value: 0.0.0.0
+- name: TURNSTREAM_LOGGING_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: TURNSTREAM_DISPATCHER_MODE
+  value: {{ .Values.mode | quote }}
+- name: TURNSTREAM_GATE_ENABLED
+  value: {{ .Values.gate.enabled | quote }}
+- name: TURNSTREAM_GATE_MECHANISM
+  value: {{ .Values.gate.mechanism | quote }}
+- name: TURNSTREAM_GATE_MARGIN
+  value: {{ .Values.gate.margin | quote }}
+- name: TURNSTREAM_GATE_RESTORE_AFTER
+  value: {{ .Values.gate.restoreAfter | quote }}
+- name: TURNSTREAM_GATE_CANDIDATE_SHARE
+  value: {{ .Values.gate.candidateShare | quote }}
+{{- if .Values.lora.enabled }}
+- name: TURNSTREAM_TRAINER_LORA_ENABLED
+  value: "true"
+- name: TURNSTREAM_TRAINER_LORA_RANK
+  value: {{ .Values.lora.rank | quote }}
+{{- end }}
+- name: OMP_NUM_THREADS
+  value: {{ .Values.ompThreads | quote }}
+{{- range $k, $v := .Values.env }}
+- name: {{ $k }}
+  value: {{ $v | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* A service's own env map, after the common one (later entries win). */}}
+{{- define "ts.ownEnv" -}}
+{{- range $k, $v := . }}
+- name: {{ $k }}
+  value: {{ $v | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "ts.modelsVolume" -}}
+- name: models
+{{- if .Values.models.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.models.existingClaim }}
+    readOnly: true
+{{- else }}
+  hostPath:
+    path: {{ .Values.models.hostPath }}
+    type: Directory
+{{- end }}
+{{- end -}}
+
+{{- define "ts.weightsVolume" -}}
+- name: weights
+  persistentVolumeClaim:
+    claimName: {{ .Values.weights.existingClaim | default (printf "%s-weights" (include "ts.fullname" .)) }}
+{{- end -}}
+
+{{/* The probe compose.yaml's services have: their /metrics answers. */}}
+{{- define "ts.metricsProbes" -}}
+readinessProbe:
+  httpGet: {path: /metrics, port: metrics}
+  periodSeconds: 15
+  timeoutSeconds: 5
+livenessProbe:
+  httpGet: {path: /metrics, port: metrics}
+  initialDelaySeconds: 60
+  periodSeconds: 15
+  timeoutSeconds: 5
+  failureThreshold: 5
+{{- end -}}
+
+{{/* Services wait for their topics and Redis: an init container that asks until both answer (compose's
+depends_on). The turnstream image has Python: no other image is pulled for it. */}}
+{{- define "ts.waitForInfra" -}}
+- name: wait-for-kafka-and-redis
+  {{- include "ts.image" (list .Values.image.turnstream) | nindent 2 }}
+  command: ["python", "-m", "services.cli", "topics", "wait"]
+  env:
+    {{- include "ts.commonEnv" . | nindent 4 }}
+{{- end -}}
+
+{{- define "ts.podSecurity" -}}
+securityContext:
+  fsGroup: 1000
+{{- end -}}

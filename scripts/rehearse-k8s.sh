@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# `make rehearse-k8s`: the Helm chart (deploy/helm/turnstream) installed on a real single-node Kubernetes built on
+# this machine, and driven from outside the pods as a user would drive it (docs/kubernetes.md).
+#
+#   1. Kubernetes v1.37.2, etcd, helm and CoreDNS built from the Go module proxy (scripts/k8s/build.sh: cached;
+#      ~20 minutes cold) and started in a network namespace of its own (scripts/k8s/cluster.sh);
+#   2. the images compose's rehearsal builds (stand-ins for Kafka, Redis and SGLang, turnstream's from the real
+#      Dockerfile) imported into the cluster's containerd;
+#   3. the chart linted, rendered and validated against the cluster's own API for every values file;
+#   4. installed with values/cpu-rehearsal.yaml (SmolLM2 on two CPU policy replicas and a judge/teacher server,
+#      three Kafka brokers, Redis with Sentinel, two judge replicas, the trainer as two pods under torchrun over
+#      gloo) and the gate on; then, through the proxy's Service: sessions (OpenAI SDK), the Responses and Messages
+#      APIs, turns recorded, paired, judged, taught, sampled, trained, a version decided by the gate and served on
+#      both replicas, sessions spread over both replicas, topics with 3 copies;
+#   5. faults in the middle of traffic: a policy pod, a Kafka broker pod and a trainer pod deleted: every turn
+#      answered and recorded once, training goes on, no sample trained twice;
+#   6. `helm upgrade` to a new configuration while sessions run: no turn lost;
+#   7. everything stopped and removed, the host's settings as before (also on failure).
+#
+# It prints PASS/FAIL per check and the time, and exits non-zero on any failure. REHEARSE_KEEP=1 leaves the
+# cluster running (bash scripts/k8s/cluster.sh stop removes it).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+started=$(date +%s)
+layout=k8s
+RELEASE=ts
+FN=ts-turnstream
+CHART=deploy/helm/turnstream
+
+source scripts/rehearse/checks.sh
+k() { bash scripts/k8s/cluster.sh in kubectl "$@"; }
+inside() { bash scripts/k8s/cluster.sh in "$@"; }  # a command in the cluster's network namespace
+cleanup() {
+    local rc=$?
+    if [[ -z "${REHEARSE_KEEP:-}" ]]; then bash scripts/k8s/cluster.sh stop >&2 || true; fi
+    return $rc
+}
+trap cleanup EXIT
+
+build_started=$(date +%s)
+bash scripts/k8s/build.sh >/dev/null
+log "Kubernetes binaries ready in $(( $(date +%s) - build_started )) s (scripts/k8s/build.sh)"
+
+bash scripts/rehearse/engine.sh start
+eval "$(bash scripts/rehearse/engine.sh env)"
+bash scripts/rehearse/images.sh base kafka redis sglang
+TURNSTREAM_IMAGE="turnstream-rehearse/turnstream:latest"
+docker build -q --target runtime --build-arg BASE_IMAGE=turnstream-rehearse/debian-base:bookworm \
+    -t "$TURNSTREAM_IMAGE" . >/dev/null
+bash scripts/setup-venv.sh
+models="$TURNSTREAM_CACHE/rehearse/models"
+if [[ ! -f "$models/smollm2/config.json" ]]; then
+    rm -rf "$models"; mkdir -p "$models"
+    cp -r "$(.venv/bin/turnstream models fetch smollm2 | tail -1)" "$models/smollm2"
+fi
+chmod -R a+rX "$models"
+
+bash scripts/k8s/cluster.sh stop >/dev/null 2>&1 || true  # what an interrupted run left
+cluster_started=$(date +%s)
+bash scripts/k8s/cluster.sh start
+log "cluster up in $(( $(date +%s) - cluster_started )) s"
+bash scripts/k8s/cluster.sh import "$TURNSTREAM_IMAGE" turnstream-rehearse/kafka:4.4.0 turnstream-rehearse/redis:7 \
+    turnstream-rehearse/sglang:v0.5.23-cpu
+
+checks bash scripts/k8s/check-chart.sh --server
+
+cpu_flags="$(.venv/bin/python -c 'import json; from services.engine.launch import CPU_FLAGS; print(json.dumps([*CPU_FLAGS, "--max-total-tokens", "16384"]))')"
+secret() { head -c 18 /dev/urandom | base64 | tr '+/' '-_'; }
+export PROXY_API_KEY CONSOLE_TOKEN
+PROXY_API_KEY="$(secret)"
+CONSOLE_TOKEN="$(secret)"
+# The settings compose's rehearsal uses (scripts/rehearse.sh says why): small batches, a checkpoint every step, the
+# rules judge (SmolLM2 cannot follow the judge's prompt), judge answers within SmolLM2's context, the gate on with a
+# margin every evaluated candidate passes.
+install_args=(
+    -f "$CHART/values/cpu-rehearsal.yaml"
+    --set "models.hostPath=$models"
+    --set-json "policy.extraArgs=$cpu_flags" --set-json "teacherServer.extraArgs=$cpu_flags"
+    --set "secrets.proxyApiKey=$PROXY_API_KEY" --set "secrets.consoleToken=$CONSOLE_TOKEN"
+    --set gate.enabled=true --set gate.margin=1
+    --set judge.backend=rules --set trainer.rolloutBatchSize=2 --set trainer.checkpointEverySteps=1
+    --set-string env.PRM_MAX_NEW_TOKENS=512
+)
+log "helm install ($CHART, values/cpu-rehearsal.yaml)"
+install_started=$(date +%s)
+checks verdict "helm install" inside helm install "$RELEASE" "$CHART" "${install_args[@]}"
+proxy_ip="$(k get svc "$FN-proxy" -o jsonpath='{.spec.clusterIP}')"
+proxy="http://$proxy_ip:8000"
+ready() { inside curl -fsS "$proxy/healthz"; }
+all_ready() {  # every pod of the release running and ready (the topics job's completed)
+    ! k get pods -l app.kubernetes.io/instance="$RELEASE" --no-headers \
+        | awk '$3 != "Completed" { split($2, r, "/"); if (r[1] != r[2] || $3 != "Running") print }' | grep -q .
+}
+checks verdict "every pod ready" wait_for 1500 all_ready
+checks verdict "the proxy answers through its Service ($proxy)" wait_for 300 ready
+log "installed and ready in $(( $(date +%s) - install_started )) s"
+[[ $failures -eq 0 ]] || { k get pods -o wide >&2; k describe pods | tail -80 >&2; }
+
+pipeline() {  # pipeline_check.py inside the proxy's pod (its settings: Kafka, Redis through the Sentinels, keys)
+    k exec -i "$FN-proxy-0" -c proxy -- python - "$@" <scripts/rehearse/pipeline_check.py
+}
+client() { inside .venv/bin/python scripts/rehearse/client.py "$@"; }
+next_version() {
+    pipeline counts 2>/dev/null | tail -1 | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["weights"] + 1)'
+}
+talk_while() {  # talk_while TAG COMMAND...: sessions through the proxy's Service, COMMAND run 8 s into them
+    local out; out="$(mktemp)"
+    client talk "$proxy/v1" --sessions 4 --turns 4 --tag "$1" >"$out" 2>&1 &
+    local talker=$!
+    shift; sleep 8; "$@" >&2
+    wait "$talker" || true
+    cat "$out"; rm -f "$out"
+}
+deleted_in_traffic() {  # TAG POD WHAT: POD deleted 8 s into sessions, the pipeline checked, its replacement ready
+    local version; version="$(next_version)"
+    log "[$layout] $3"
+    checks talk_while "$1" k delete pod "$2" --wait=false
+    checks pipeline flow "$version" --within 900
+    checks pipeline lineage
+    checks verdict "$2 replaced and ready" wait_for 900 all_ready
+}
+
+checks client talk "$proxy/v1" --sessions 4 --turns 3 --tag a
+checks client apis "$proxy/v1"
+checks pipeline flow 1 --within 900
+checks pipeline gate 1 --within 600
+checks client served "$proxy/v1" 1 --within 300
+checks pipeline engine
+checks pipeline replicas rehearse-a-
+checks pipeline topics
+checks pipeline lineage
+console_ip="$(k get svc "$FN-console" -o jsonpath='{.spec.clusterIP}')"
+checks verdict "the console answers through its Service" inside curl -fsS "http://$console_ip:8080/healthz"
+checks verdict "the console serves its token" inside curl -fsS -o /dev/null \
+    -H "Authorization: Bearer $CONSOLE_TOKEN" "http://$console_ip:8080/api/sessions"
+
+deleted_in_traffic p "$FN-policy-1" "a policy pod deleted in the middle of traffic"
+checks pipeline engine
+deleted_in_traffic k "$FN-kafka-1" "a Kafka broker pod deleted in the middle of traffic"
+deleted_in_traffic t "$FN-trainer-1" "a trainer pod deleted in the middle of traffic (the group restarts and resumes)"
+
+log "[$layout] helm upgrade to a new configuration while sessions run"
+version="$(next_version)"
+checks talk_while u inside helm upgrade "$RELEASE" "$CHART" "${install_args[@]}" --set-string env.TURNSTREAM_PROXY_OVERLOAD_ABS=6
+checks verdict "every pod ready after the upgrade" wait_for 1500 all_ready
+checks verdict "the proxy runs the new configuration" test \
+    "$(k get statefulset "$FN-proxy" -o jsonpath='{.spec.template.spec.containers[0].env[?(@.name=="TURNSTREAM_PROXY_OVERLOAD_ABS")].value}')" = 6
+checks pipeline flow "$version" --within 900
+checks pipeline lineage
+[[ $failures -eq 0 ]] || { k get pods -o wide >&2; k logs "$FN-trainer-0" --tail 40 >&2 || true; }
+
+printf '\n%s\n' "rehearse-k8s: ${#results[@]} checks, $failures failed, $(( $(date +%s) - started )) s"
+for line in "${results[@]}"; do printf '  %s\n' "$line"; done
+[[ $failures -eq 0 ]]
