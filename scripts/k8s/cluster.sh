@@ -297,7 +297,8 @@ start() {
         --kubelet-client-key="$STATE/pki/apiserver-kubelet.key" \
         --service-account-key-file="$STATE/pki/sa.pub" --service-account-signing-key-file="$STATE/pki/sa.key" \
         --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-        --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction
+        --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+        --kubelet-preferred-address-types=InternalIP  # the node name resolves nowhere: its address
     wait_for 90 in_ns "$B/kubectl" get --raw /readyz || { tail -30 "$STATE/logs/apiserver.log" >&2; die "kube-apiserver did not answer"; }
     daemon controller-manager "$B/kube-controller-manager" --kubeconfig="$STATE/pki/controller-manager.kubeconfig" \
         --service-account-private-key-file="$STATE/pki/sa.key" --root-ca-file="$STATE/pki/ca.crt" \

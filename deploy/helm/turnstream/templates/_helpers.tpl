@@ -184,6 +184,20 @@ depends_on). The turnstream image has Python: no other image is pulled for it. *
     {{- include "ts.commonEnv" . | nindent 4 }}
 {{- end -}}
 
+{{/* A volume the service (uid 10001 in turnstream's image) must own: it makes its folder private (chmod 700),
+which only the owner may do; hostPath and many storage classes hand out root-owned folders, and fsGroup does not
+make the pod the owner. include "ts.ownVolume" (list . "spool" "/spool") */}}
+{{- define "ts.ownVolume" -}}
+{{- $root := index . 0 -}}
+- name: own-{{ index . 1 }}
+  {{- include "ts.image" (list $root.Values.image.turnstream) | nindent 2 }}
+  command: ["chown", "10001:10001", {{ index . 2 | quote }}]
+  securityContext:
+    runAsUser: 0
+  volumeMounts:
+    - {name: {{ index . 1 }}, mountPath: {{ index . 2 }}}
+{{- end -}}
+
 {{- define "ts.podSecurity" -}}
 securityContext:
   fsGroup: 1000
