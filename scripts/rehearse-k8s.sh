@@ -131,8 +131,10 @@ checks pipeline replicas rehearse-a-
 checks pipeline topics
 checks pipeline lineage
 console_ip="$(k get svc "$FN-console" -o jsonpath='{.spec.clusterIP}')"
-checks verdict "the console answers through its Service" inside curl -fsS "http://$console_ip:8080/healthz"
-checks verdict "the console serves its token" inside curl -fsS -o /dev/null \
+# by a host name it serves (console.allowedHosts; an address it does not know gets 421)
+checks verdict "the console answers through its Service" inside curl -fsS -H "Host: localhost" \
+    "http://$console_ip:8080/healthz"
+checks verdict "the console serves its token" inside curl -fsS -o /dev/null -H "Host: localhost" \
     -H "Authorization: Bearer $CONSOLE_TOKEN" "http://$console_ip:8080/api/sessions"
 
 deleted_in_traffic p "$FN-policy-1" "a policy pod deleted in the middle of traffic"
