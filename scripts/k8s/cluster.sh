@@ -130,6 +130,9 @@ network() {
         in_ns ip addr add "$PEER_IP/24" dev tsk8s1
         in_ns ip link set tsk8s0 up
         in_ns ip link set tsk8s1 up
+        # a route for the services' virtual addresses, so the node's own connections to them reach kube-proxy's
+        # rewrite (a local packet needs a route before netfilter changes its destination); it stays inside
+        in_ns ip route add "$SERVICE_CIDR" dev tsk8s0
     fi
     in_ns sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
 }
@@ -149,7 +152,8 @@ daemon() {  # daemon NAME CMD...: started in the namespace, its pid and log unde
     local name="$1"; shift
     mkdir -p "$STATE/run" "$STATE/logs"
     if [[ -f "$STATE/run/$name.pid" ]] && kill -0 "$(cat "$STATE/run/$name.pid")" 2>/dev/null; then return 0; fi
-    nohup nsenter --net="$NETNS" "$@" >"$STATE/logs/$name.log" 2>&1 &
+    # a session of its own: a caller killed with its process group (timeout, Ctrl-C) must not take the cluster along
+    setsid nsenter --net="$NETNS" "$@" >"$STATE/logs/$name.log" 2>&1 < /dev/null &
     echo $! >"$STATE/run/$name.pid"
 }
 
@@ -376,7 +380,15 @@ stop() {
         sleep 1
         for task in $(ctr tasks ls -q 2>/dev/null); do ctr tasks delete -f "$task" 2>/dev/null || true; done
     fi
-    pkill -f "containerd-shim-runc-v2 -namespace k8s.io -address $RUN/containerd" 2>/dev/null || true
+    # whatever is left of the pods (containerd may be gone already): every process in the kubelet's cgroups, then
+    # the shims, then the cgroups themselves
+    find /sys/fs/cgroup/pids -path '*kubepods*' -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u \
+        | xargs -r kill -9 2>/dev/null || true
+    pkill -9 -f "containerd-shim-runc-v2 -namespace k8s.io .*-address $RUN/containerd" 2>/dev/null || true
+    sleep 1
+    for d in /sys/fs/cgroup/*/kubepods; do
+        [[ -d "$d" ]] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    done
     [[ -f "$STATE/run/containerd.pid" ]] && kill "$(cat "$STATE/run/containerd.pid")" 2>/dev/null || true
     sleep 1
     for name in kube-proxy kubelet coredns scheduler controller-manager apiserver etcd containerd; do
