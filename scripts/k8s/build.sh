@@ -110,4 +110,7 @@ if want coredns && ! built coredns; then
     mv "$HOME_DIR/gobin/coredns" "$BIN/coredns"
 fi
 
+# The compile cache (6 GB) is not needed once the binaries exist, and the rehearsal needs the disk: containerd keeps
+# each imported image twice (docs/kubernetes.md). The module cache stays for a rebuild.
+[[ -d "$GOCACHE" ]] && rm -rf "$GOCACHE"
 printf '%s\n' "$BIN"
