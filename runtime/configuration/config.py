@@ -178,6 +178,11 @@ class RedisConfig(_Section):
         engine serving that version alone until the key is deleted or expires."""
         return f"{self.key_prefix}eval:hold:{version}"
 
+    def reload_lease_key(self, engine_url: str) -> str:
+        """Held, with an expiry, by the one proxy reloader that may pause, load or continue the policy engine at
+        ``engine_url`` (services/proxy/engine_lease.py): every proxy names the engine by the same URL."""
+        return f"{self.key_prefix}reload:lease:{engine_url.rstrip('/')}"
+
 
 class EngineConfig(_Section):
     """The policy engine the proxy serves from: SGLang 0.5.23's HTTP API (``turnstream engine`` starts one)."""

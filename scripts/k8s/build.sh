@@ -19,7 +19,8 @@ STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 HOME_DIR="$TURNSTREAM_CACHE/k8s-$K8S_VERSION"
 BIN="$HOME_DIR/bin"
 export GOFLAGS="-mod=mod -buildvcs=false -trimpath" GOTOOLCHAIN=local CGO_ENABLED=0
-export GOPATH="${GOPATH:-$TURNSTREAM_CACHE/go}" GOCACHE="${GOCACHE:-$TURNSTREAM_CACHE/go-build}"
+# Go caches of our own (never a GOPATH or GOCACHE the caller set: the end of this script deletes these)
+export GOPATH="$TURNSTREAM_CACHE/go" GOCACHE="$TURNSTREAM_CACHE/go-build"
 # one package at a time: a kubelet link peaks near 3 GB, two at once could crowd the tests on a 24 GiB machine
 BUILD_P="${K8S_BUILD_P:-1}"
 mkdir -p "$BIN"
@@ -110,7 +111,11 @@ if want coredns && ! built coredns; then
     mv "$HOME_DIR/gobin/coredns" "$BIN/coredns"
 fi
 
-# The compile cache (6 GB) is not needed once the binaries exist, and the rehearsal needs the disk: containerd keeps
-# each imported image twice (docs/kubernetes.md). The module cache stays for a rebuild.
-[[ -d "$GOCACHE" ]] && rm -rf "$GOCACHE"
+# The Go caches (the compile cache about 6 GB, the modules about 3 GB) are not needed once the binaries exist, and
+# the rehearsal needs the disk: containerd keeps each imported image twice (docs/kubernetes.md). A rebuild (another
+# version) downloads the modules again: minutes of the ~20 cold.
+if built "${K8S_CMDS[@]}" etcd helm coredns; then
+    if [[ -d "$GOPATH" ]]; then chmod -R u+w "$GOPATH"; fi  # the module cache is read-only
+    rm -rf "$GOCACHE" "$GOPATH"
+fi
 printf '%s\n' "$BIN"

@@ -21,8 +21,10 @@ paced by the gate) or, under ``adapter``, the newest version is loaded beside th
 evaluation and never routed to.
 
 No version is loaded twice: before pausing and again once paused the reloader reads ``/model_info`` and skips a
-version the engine already serves. After an engine restart (a probe sees the starting weights again; see
-ServedVersions) the newest version is applied again.
+version the engine already serves. Several proxies reload the same engines: each pause-load-continue, and the
+continue at start-up, runs under the engine's lease in Redis (services/proxy/engine_lease.py says why SGLang needs
+it), and a reloader that finds the lease taken tries again a second later. After an engine restart (a probe sees
+the starting weights again; see ServedVersions) the newest version is applied again.
 
 With LoRA (``Config.lora_adapters``) a version is a PEFT adapter: it is loaded beside the one before under its own
 name (no pause: SGLang loads an adapter between batches in milliseconds and the base weights never change), new
@@ -38,7 +40,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -52,6 +54,7 @@ from runtime.transport.resp import RedisReplyError
 from schemas import VersionDecision, WeightsPublished
 from schemas.topics import VERSIONS, WEIGHTS
 from services.proxy.adapters import Adapters
+from services.proxy.engine_lease import EngineLease
 from services.proxy.versions import ServedVersions
 
 log = logging.getLogger("turnstream.proxy.reloader")
@@ -129,6 +132,7 @@ class Reloader:
         gate: GateConfig | None = None,
         name: str = "",
         primary: bool = True,
+        lease: EngineLease | None = None,
     ) -> None:
         self.engine = engine
         self.name = name
@@ -165,6 +169,8 @@ class Reloader:
         """Gated adapters: the versions the engine must hold (served, and the candidate beside)."""
         self.base_path: str | None = None
         """The starting weights (version 0) as the engine was started with them, for a rollback to them."""
+        self.lease = lease
+        """Held while this reloader pauses, loads or continues the engine (several proxies); None: one proxy."""
         self.consumer = self._follower(kafka, gated)
 
     @staticmethod
@@ -281,6 +287,23 @@ class Reloader:
         if await self._is_held(serving):
             self._later(1.0)
             return
+        async with self._exclusive() as mine:
+            if mine:
+                await self._pause_load_continue(want, there)
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[bool]:
+        """The engine's lease held for the block (always, with no lease configured); False: another reloader holds
+        it or Redis cannot say, and the version is tried again shortly."""
+        if self.lease is None:
+            yield True
+            return
+        async with self.lease.hold() as mine:
+            if not mine:
+                self._later(1.0)
+            yield mine
+
+    async def _pause_load_continue(self, want: Wanted, there: Callable[[int], bool]) -> None:
         loop = asyncio.get_running_loop()
         began = loop.time()
         paused = False
@@ -537,11 +560,26 @@ class Reloader:
         if rec.event.path:
             self.paths[rec.event.version] = rec.event.path
 
+    async def _continue_at_start(self) -> None:
+        """An engine a crashed reloader left paused serves again. Not in the middle of another proxy's load (that
+        one continues it itself), but once a dead reloader's lease has expired: tried for as long as a lease
+        lasts."""
+        tries = 1 if self.lease is None else int(self.lease.ttl_ms / 1000) + 5
+        for _ in range(tries):
+            async with self._exclusive() as mine:
+                if mine:
+                    try:
+                        await self.engine.continue_generation()
+                    except EngineError as exc:
+                        log.info("engine not reachable yet", extra={"error": str(exc)})
+                    return
+            await asyncio.sleep(1.0)
+        log.warning(
+            "the engine's lease stayed taken; its holder continues the engine", extra={"replica": self.name}
+        )
+
     async def run(self) -> None:
-        try:  # an engine a crashed reloader left paused serves again
-            await self.engine.continue_generation()
-        except EngineError as exc:
-            log.info("engine not reachable yet", extra={"error": str(exc)})
+        await self._continue_at_start()
         backoff = 0.5
         while True:  # Kafka may not be up yet: serving goes on, the reloader keeps trying
             try:

@@ -146,6 +146,7 @@ async def _start_replica(state: ProxyState, replica: Replica, info: dict[str, An
         replica.versions = ServedVersions(replica.adapters.current, replica=replica.name)
         replica.versions.reachable = bool(info)
     if pc.reload:
+        from services.proxy.engine_lease import EngineLease
         from services.proxy.reloader import Reloader
 
         root = Path(pc.weights_root) if pc.weights_root else cache_dir() / "weights"
@@ -174,6 +175,10 @@ async def _start_replica(state: ProxyState, replica: Replica, info: dict[str, An
             gate=config.gate,
             name=replica.name,
             primary=replica is state.replicas[0],
+            # full weights: several proxies may reload this engine (engine_lease.py); adapters need no lease
+            lease=None
+            if replica.adapters
+            else EngineLease(redis, config.redis.reload_lease_key(replica.url)),
         )
         state.background.append(asyncio.create_task(replica.reloader.run()))
     on_change = replica.reloader.engine_changed if replica.reloader is not None else None

@@ -259,3 +259,41 @@ async def test_a_version_under_evaluation_stays_served_until_its_hold_ends(
         finally:
             await store.delete(key)
             await store.aclose()
+
+
+async def test_two_proxies_reload_one_engine_one_at_a_time(
+    own_engine: EngineProcess, proxy_env: dict[str, str], kafka: KafkaConfig, perturbed_weights: Path
+) -> None:
+    """Two proxies in front of one engine (Kubernetes runs two) both follow ``weights``. SGLang 0.5.23 crashes its
+    tokenizer manager when two loads overlap on a paused engine, so each version must be loaded by one of them
+    while the other waits for the engine's lease: every version served, each loaded once, the engine still
+    answering through both."""
+    env = {
+        **proxy_env,
+        "TURNSTREAM_ENGINE_URL": own_engine.url,
+        "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(perturbed_weights.parent),
+    }
+    proxies = [ProxyProcess(env), ProxyProcess(env)]
+    try:
+        async with httpx.AsyncClient(timeout=300) as http:
+            serving = int(await engine_version(http, own_engine.url) or 0)
+            await asyncio.sleep(6)  # both followers are at the topic's end: each version reaches both at once
+            versions = [serving + 1, serving + 2, serving + 3]
+            for version in versions:
+                await publish(kafka, version, str(perturbed_weights))
+                deadline = time.monotonic() + 120
+                while await engine_version(http, own_engine.url) != str(version):
+                    assert time.monotonic() < deadline, f"the engine never served version {version}"
+                    await asyncio.sleep(0.3)
+            for p in proxies:
+                r = await http.post(
+                    p.url + "/v1/chat/completions", json=BODY, headers={"X-Session-Id": "two"}
+                )
+                assert r.status_code == 200, r.text
+            health = await http.get(own_engine.url + "/health", timeout=60)
+            assert health.status_code == 200, "the engine stopped answering"
+            loads = sum(scraped(p.url, "turnstream_proxy_weight_reloads_total", status="ok") for p in proxies)
+            assert loads == len(versions), f"{loads} loads for {len(versions)} versions"
+    finally:
+        for p in proxies:
+            p.stop()
