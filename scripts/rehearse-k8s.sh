@@ -31,9 +31,14 @@ CHART=deploy/helm/turnstream
 source scripts/rehearse/checks.sh
 k() { bash scripts/k8s/cluster.sh in kubectl "$@"; }
 inside() { bash scripts/k8s/cluster.sh in "$@"; }  # a command in the cluster's network namespace
+docker_was_up=""  # a Docker daemon answered before: not ours to stop
+if (eval "$(bash scripts/rehearse/engine.sh env)"; docker info >/dev/null 2>&1); then docker_was_up=1; fi
 cleanup() {
     local rc=$?
-    if [[ -z "${REHEARSE_KEEP:-}" ]]; then bash scripts/k8s/cluster.sh stop >&2 || true; fi
+    if [[ -z "${REHEARSE_KEEP:-}" ]]; then
+        bash scripts/k8s/cluster.sh stop >&2 || true
+        [[ -n "$docker_was_up" ]] || bash scripts/rehearse/engine.sh stop >&2 || true
+    fi
     return $rc
 }
 trap cleanup EXIT

@@ -87,6 +87,9 @@ case "${1:-start}" in
             log "stopping dockerd"
             wait_for 60 sh -c "! kill -0 $(cat "$ROOT/dockerd.pid") 2>/dev/null" || true
         fi
+        if ip link show turnstream0 >/dev/null 2>&1 && ! answers "$OUR_HOST"; then  # the bridge start made
+            ip link del turnstream0
+        fi
         ;;
     *) die "usage: engine.sh [start|env|stop]" ;;
 esac
