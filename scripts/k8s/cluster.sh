@@ -285,6 +285,9 @@ start() {
     pki
     network
     save_sysctls
+    # the pods' network namespaces: containerd makes one per pod sandbox under /var/run/netns (cni-*) and leaves it
+    # when the cluster stops under it; stop removes those that were not there before
+    [[ -f "$STATE/netns.before" ]] || { ls /var/run/netns 2>/dev/null || true; } >"$STATE/netns.before"
     runc_wrapper
     containerd_config
     kubelet_config
@@ -399,6 +402,15 @@ stop() {
     # the kubelet's mounts (secrets, projected volumes) and the network namespace
     grep -o " $STATE/kubelet/root[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
     if [[ -e "$NETNS" ]]; then umount "$NETNS" 2>/dev/null || true; rm -f "$NETNS"; fi
+    if [[ -f "$STATE/netns.before" ]]; then
+        for ns in /var/run/netns/cni-*; do
+            [[ -e "$ns" ]] || continue
+            grep -qxF "$(basename "$ns")" "$STATE/netns.before" && continue
+            umount "$ns" 2>/dev/null || true
+            rm -f "$ns"
+        done
+        rm -f "$STATE/netns.before"
+    fi
     grep -o " $RUN[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
     rm -rf "$RUN" /var/lib/cni/networks/turnstream /var/lib/cni/results/turnstream-* /var/log/pods /var/log/containers
     rm -rf "$STATE/etcd" "$STATE/kubelet" "$STATE/volumes" "$STATE/containerd/root" "$STATE/run" "$STATE/pki"
