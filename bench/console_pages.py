@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sqlite3
 import statistics
 import sys
@@ -30,6 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from runtime.process.ports import free_port
 from schemas import (
     EvalAnswer,
     EvalResult,
@@ -205,16 +205,10 @@ def _old_sessions(db: sqlite3.Connection, limit: int = 50) -> list[Any]:
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def serve(path: Path) -> str:
     import uvicorn
 
-    port = _free_port()
+    port = free_port()
     app = create_app(path, lambda ids: [f"t{i}" for i in ids], {"lag": {"turnstream-pairer": 0}})
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()

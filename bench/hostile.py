@@ -43,7 +43,7 @@ from proxy import cpu_seconds, wait_http
 
 from runtime.configuration.config import KafkaConfig
 from runtime.messaging.topics import create_topics
-from services.engine.launch import free_port
+from runtime.process.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ATTACKER_KEY = "attacker-key-0123456789abcdef"

@@ -27,7 +27,8 @@ from tqdm import tqdm
 from runtime.configuration.config import KafkaConfig
 from runtime.messaging.bus import EventProducer, read_topic
 from runtime.messaging.topics import create_topics
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from schemas import Judgment, Message, PairedTurn, Turn
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
 

@@ -37,7 +37,8 @@ from runtime.configuration.config import (
     TeacherConfig,
 )
 from runtime.messaging.bus import read_topic
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from schemas import DeadLetter, Judgment, PairedTurn, Sample, TeacherScores, Turn, WeightsPublished
 from schemas.topics import DEADLETTER, JUDGMENTS, SAMPLES, TEACHER, TURNS, TURNS_PAIRED, WEIGHTS
 

@@ -58,7 +58,8 @@ from runtime.configuration.config import KafkaConfig
 from runtime.engine.client import EXACT_NON_STREAMED, EXACT_STREAMED
 from runtime.messaging.bus import read_topic
 from runtime.messaging.topics import create_topics
-from services.engine.launch import SGLANG_VERSION, EngineProcess, free_port
+from runtime.process.ports import free_port
+from services.engine.launch import SGLANG_VERSION, EngineProcess
 from services.proxy.sampling import OPENAI_SAMPLING
 
 REPO = Path(__file__).resolve().parent.parent

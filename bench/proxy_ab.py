@@ -44,7 +44,7 @@ from proxy import BODY, cpu_split, load, wait_http
 
 from runtime.configuration.config import KafkaConfig
 from runtime.messaging.topics import create_topics
-from services.engine.launch import free_port
+from runtime.process.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 API_REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {

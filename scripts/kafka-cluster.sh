@@ -6,12 +6,12 @@
 #   scripts/kafka-cluster.sh kill N         kill -9 node N (1-3): a broker crash
 #   scripts/kafka-cluster.sh start-node N   start node N again
 #   scripts/kafka-cluster.sh bootstrap      print the bootstrap servers
-# Settings: KAFKA_CLUSTER_PORT (39092): node N's broker listens on KAFKA_CLUSTER_PORT + 2(N-1), its controller on
+# Settings: KAFKA_CLUSTER_PORT (19192, below the ephemeral range): node N's broker listens on KAFKA_CLUSTER_PORT + 2(N-1), its controller on
 # the port after; KAFKA_HEAP as for scripts/kafka.sh.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-BASE="${KAFKA_CLUSTER_PORT:-39092}"
+BASE="${KAFKA_CLUSTER_PORT:-19192}"
 NODES=(1 2 3)
 broker_port() { echo $(( BASE + 2 * ($1 - 1) )); }
 voters() { local out="" n; for n in "${NODES[@]}"; do out+="${out:+,}$n@127.0.0.1:$(( $(broker_port "$n") + 1 ))"; done; echo "$out"; }

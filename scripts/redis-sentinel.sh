@@ -7,11 +7,11 @@
 #   scripts/redis-sentinel.sh restart-old    start the server killed last again (it rejoins as a replica)
 #   scripts/redis-sentinel.sh master         print the master's host:port, as the Sentinels say
 #   scripts/redis-sentinel.sh url            print the redis+sentinel:// URL for redis.url
-# Settings: REDIS_SENTINEL_PORT (36379): the servers on it and the port after, the Sentinels from it + 100.
+# Settings: REDIS_SENTINEL_PORT (16479, below the ephemeral range): the servers on it and the port after, the Sentinels from it + 100.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-BASE="${REDIS_SENTINEL_PORT:-36379}"
+BASE="${REDIS_SENTINEL_PORT:-16479}"
 SERVERS=("$BASE" "$(( BASE + 1 ))")
 SENTINELS=("$(( BASE + 100 ))" "$(( BASE + 101 ))" "$(( BASE + 102 ))")
 RUN="$TURNSTREAM_CACHE/redis/sentinel-$BASE"

@@ -18,6 +18,7 @@ from services.engine.launch import EngineProcess
 from tests.infra import Service, start_kafka, start_redis
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+pytest_plugins = ["tests.report"]
 
 TEST_PARTITIONS = 3
 
@@ -226,6 +227,42 @@ def _serving(proc: EngineProcess) -> Iterator[EngineProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+SMALL_LAYERS = 2
+
+
+def save_small_smollm2(smollm2: Path, out: Path, layers: int = SMALL_LAYERS) -> Path:
+    """SmolLM2 cut to its first ``layers`` layers, with random weights (seed 0) and SmolLM2's tokenizer: the model
+    of tests about the step's logic (loss, masks, offsets, LoRA, parallelism, restarts), where the 30 trained
+    layers only cost time. Every tensor it has is SmolLM2's, by name and shape (checked here)."""
+    import shutil
+
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(smollm2)
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    for extra in smollm2.iterdir():
+        if extra.name.startswith(("tokenizer", "chat_template", "generation_config")):
+            shutil.copy(extra, out / extra.name)
+    with (
+        safe_open(smollm2 / "model.safetensors", "pt") as full,
+        safe_open(out / "model.safetensors", "pt") as cut,
+    ):
+        shapes = {name: full.get_slice(name).get_shape() for name in full.keys()}
+        for name in cut.keys():
+            assert cut.get_slice(name).get_shape() == shapes[name], name
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_smollm2(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``save_small_smollm2``: two layers of SmolLM2's shapes, random weights, SmolLM2's vocabulary."""
+    return save_small_smollm2(smollm2_path, tmp_path_factory.mktemp("small-smollm2"))
 
 
 @pytest.fixture(scope="session")

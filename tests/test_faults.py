@@ -24,7 +24,7 @@ import pytest
 
 from runtime.configuration.config import KafkaConfig, RedisConfig
 from runtime.messaging.topics import group_lag
-from runtime.process.launch import free_port
+from runtime.process.ports import free_port
 from tests.infra import REPO, Service, _script, kafka_script_env
 
 sys.path.insert(0, str(REPO / "bench"))

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import IO, Literal
 
 from runtime.configuration.config import LORA_TARGETS
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from runtime.security.addresses import is_loopback
 
-__all__ = ["SGLANG_VERSION", "EngineOptions", "EngineProcess", "free_port", "sglang_command"]
+__all__ = ["SGLANG_VERSION", "EngineOptions", "EngineProcess", "sglang_command"]
 
 SGLANG_VERSION = "0.5.23"
 """The SGLang the project is built and tested against (scripts/sglang/version, compose.yaml's image tag)."""

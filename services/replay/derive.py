@@ -24,7 +24,7 @@ from runtime.configuration.config import Config
 from runtime.engine.model_store import cache_dir
 from runtime.messaging.bus import EventProducer, read_topic
 from runtime.messaging.topics import create_topics, group_lag, pipeline_groups
-from runtime.process.launch import free_port_block
+from runtime.process.ports import free_port_block
 from runtime.process.supervisor import Service, StartupFailed, Supervisor
 from runtime.transport.redis_urls import redis_client
 from schemas.modes import mode_spec

@@ -28,6 +28,7 @@ from runtime.process.supervisor import StartupFailed, Supervisor, tail
 from runtime.security.files import private_dir
 from runtime.security.tokens import console_login_url, engine_keys, proxy_key
 from services.run.plan import plan
+from services.run.preflight import busy, ephemeral
 from services.run.progress import Progress, scrape
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +113,17 @@ async def run_pipeline(
         )
         config = msgspec.structs.replace(config, engine=engine)
     services = plan(config, model, config_path, str(run_dir))
+    if taken := busy(services):
+        _say(
+            f"turnstream run: ports in use: {', '.join(taken)}; stop what holds them or choose others "
+            "(run.engine_port, run.teacher_engine_port, run.metrics_port_base, proxy.port, console.port)"
+        )
+        return 1
+    if risky := ephemeral(services):
+        _say(
+            f"turnstream run: warning: {', '.join(risky)} in the kernel's ephemeral range "
+            "(/proc/sys/net/ipv4/ip_local_port_range), where any outgoing connection may take it first"
+        )
     supervisor = Supervisor(services, run_dir, rc.startup_timeout_s)
     _say(f"starting {', '.join(s.name for s in services)} (logs in {run_dir})")
     code = 0

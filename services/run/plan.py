@@ -9,6 +9,9 @@ from runtime.configuration.config import Config
 from runtime.process.supervisor import Service
 from schemas.modes import mode_spec
 
+METRICS_SERVICES = ("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate", "eval", "gate")
+"""The workers whose /metrics ports are ``run.metrics_port_base`` and the ports after it, in this order."""
+
 
 def plan(
     config: Config, model: str, config_path: str | None = None, run_dir: str | None = None
@@ -44,12 +47,7 @@ def plan(
         if config.engine.admin_api_key
         else {}
     )
-    metrics = {
-        name: rc.metrics_port_base + i
-        for i, name in enumerate(
-            ("pairer", "judge", "teacher", "dispatcher", "trainer", "simulate", "eval", "gate")
-        )
-    }
+    metrics = {name: rc.metrics_port_base + i for i, name in enumerate(METRICS_SERVICES)}
 
     def engine(name: str, port: int, served: str) -> Service:
         args = [

@@ -26,7 +26,8 @@ import httpx
 import pytest
 
 from runtime.engine.client import EXACT_NON_STREAMED, EXACT_STREAMED, EngineClient, EngineError
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from services.judge.backends import EngineBackend
 from services.proxy.adapters import without_adapter
 from services.proxy.sampling import OPENAI_SAMPLING

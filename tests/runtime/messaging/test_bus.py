@@ -382,7 +382,7 @@ async def test_clients_wait_for_a_broker_that_comes_up_late(kafka: KafkaConfig) 
     bootstrap address only starts answering (a TCP forwarder to the real broker) 1.5 s after the clients start."""
     import msgspec
 
-    from runtime.process.launch import free_port
+    from runtime.process.ports import free_port
 
     port = free_port()
     late = msgspec.structs.replace(kafka, bootstrap=f"127.0.0.1:{port}")
@@ -425,7 +425,7 @@ async def test_an_unreachable_broker_fails_the_start_once_the_wait_is_over(kafka
     import msgspec
     from aiokafka.errors import KafkaConnectionError
 
-    from runtime.process.launch import free_port
+    from runtime.process.ports import free_port
 
     nowhere = msgspec.structs.replace(kafka, bootstrap=f"127.0.0.1:{free_port()}", connect_wait_s=1.0)
     producer = EventProducer(nowhere)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from runtime.process.launch import free_port
+from runtime.process.ports import free_port
 
 PARENT = textwrap.dedent(
     """

@@ -8,8 +8,8 @@ import asyncio
 import httpx
 import pytest
 
+from runtime.process.ports import free_port
 from runtime.transport.http_pool import LeanPool, request_head
-from services.engine.launch import free_port
 
 
 async def serve(port: int, close_every: int = 0) -> tuple[asyncio.AbstractServer, list[int]]:

@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {"PYTHONPATH": str(ROOT)}  # the app script lives in a temporary folder

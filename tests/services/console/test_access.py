@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from runtime.configuration.config import KafkaConfig
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 
 pytestmark = pytest.mark.integration
 

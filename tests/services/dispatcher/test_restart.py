@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from runtime.configuration.config import KafkaConfig, RedisConfig
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from schemas import Event
 from services.dispatcher.rules import decide
 from tests.services.dispatcher.conftest import (

@@ -10,7 +10,8 @@ import pytest
 
 from runtime.configuration.config import Config, JudgeConfig, KafkaConfig
 from runtime.messaging.bus import EventProducer
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from schemas import Judgment, Message, PairedTurn
 from schemas.topics import JUDGMENTS, TURNS_PAIRED
 from tests.kafka_wait import wait_for_events

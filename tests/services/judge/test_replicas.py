@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from runtime.configuration.config import KafkaConfig
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from tests.services.judge.conftest import StubJudge, expected_keys, make_pairs, publish, wait_for_judgments
 
 pytestmark = pytest.mark.integration

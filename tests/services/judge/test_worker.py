@@ -12,7 +12,7 @@ import pytest
 
 from runtime.configuration.config import Config, KafkaConfig
 from runtime.messaging.bus import EventProducer, read_topic
-from runtime.process.launch import free_port
+from runtime.process.ports import free_port
 from schemas import DeadLetter, Judgment
 from schemas.topics import DEADLETTER, JUDGMENTS, TURNS_PAIRED
 from services.engine.launch import EngineProcess

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from runtime.configuration.config import Config, KafkaConfig, RedisConfig
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from schemas import PairedTurn, Turn
 from schemas.topics import TURNS, TURNS_PAIRED
 from services.proxy.replicas import first_choice

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.configuration.config import KafkaConfig, RedisConfig
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from schemas import encode
 from tests.metrics import scraped
 from tests.services.proxy.conftest import StubProxy, assert_still_serving, check, wait_for_turns

@@ -360,7 +360,7 @@ def test_huge_bodies_are_413(proxy_env: dict[str, str]) -> None:
 async def test_engine_failure_is_502_and_records_nothing(
     proxy_env: dict[str, str], kafka: KafkaConfig
 ) -> None:
-    from services.engine.launch import free_port
+    from runtime.process.ports import free_port
 
     dead = ProxyProcess(
         {

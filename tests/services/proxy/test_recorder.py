@@ -10,9 +10,9 @@ import pytest
 
 from runtime.configuration.config import KafkaConfig, RedisConfig
 from runtime.messaging.bus import read_topic
+from runtime.process.ports import free_port
 from schemas import Message, Turn
 from schemas.topics import TURNS
-from services.engine.launch import free_port
 from services.proxy.recorder import TurnRecorder
 from services.proxy.turn_numbers import TurnNumbers
 from tests.strategies import example_turn

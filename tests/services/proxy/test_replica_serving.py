@@ -30,6 +30,7 @@ from runtime.configuration.config import (
     RedisConfig,
 )
 from runtime.messaging.bus import EventProducer, read_topic
+from runtime.process.ports import free_port
 from schemas import VersionDecision
 from schemas.topics import EVALS, VERSIONS
 from services.engine.launch import EngineProcess
@@ -190,7 +191,6 @@ async def test_under_the_gate_both_replicas_serve_the_candidate_the_eval_checks_
     redis_config: RedisConfig,
     perturbed_weights: Path,
     smollm2_path: Path,
-    unused_tcp_port: int,
 ) -> None:
     engines = (own_engine, second_engine)
     for engine in engines:  # their starting weights (version 0), whatever the test before left on them
@@ -212,7 +212,7 @@ async def test_under_the_gate_both_replicas_serve_the_candidate_the_eval_checks_
     )
     gate = GateConfig(enabled=True, mechanism="serve-then-check", margin=1.0, poll_s=0.2)
     # The eval is given a replica that never answers first: it evaluates on the ones that do.
-    dead = f"http://127.0.0.1:{unused_tcp_port}"
+    dead = f"http://127.0.0.1:{free_port()}"
     config = Config(
         kafka=kafka,
         redis=redis_config,

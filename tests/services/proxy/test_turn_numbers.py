@@ -11,8 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from runtime.configuration.config import RedisConfig
+from runtime.process.ports import free_port
 from runtime.transport.resp import RedisReplyError
-from services.engine.launch import free_port
 from services.proxy.turn_numbers import TurnNumbers
 
 pytestmark = pytest.mark.integration

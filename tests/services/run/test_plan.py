@@ -175,3 +175,21 @@ def test_policy_replicas_each_get_a_server_and_the_proxy_routes_between_them() -
     assert both.urls == ["http://a:1", "http://b:2"] and both.url == "http://a:1"
     assert engines(config.engine, "http://a:1").urls == ["http://a:1"]
     assert engines(config.engine, None) == config.engine
+
+
+def test_the_preflight_names_a_port_in_use_and_the_defaults_avoid_the_ephemeral_range() -> None:
+    import socket
+
+    from runtime.process.ports import ephemeral_low, free_port
+    from services.run.preflight import busy, ephemeral
+
+    assert ephemeral(plan(load_config(env={}), "/m")) == []
+    port, high = free_port(), min(ephemeral_low() + 7, 65535)
+    config = load_config(env={"TURNSTREAM_PROXY_PORT": str(port), "TURNSTREAM_RUN_ENGINE_PORT": str(high)})
+    services = [s for s in plan(config, "/m") if s.name in ("proxy", "engine")]
+    assert busy(services) == []
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        assert busy(services) == [f"proxy ({port})"]
+    assert ephemeral(services) == [f"engine ({high})"]

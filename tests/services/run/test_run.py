@@ -23,10 +23,10 @@ import pytest
 from runtime.configuration.config import KafkaConfig, RedisConfig, load_config
 from runtime.messaging.bus import read_topic
 from runtime.pipeline.personas import heldout_questions
-from runtime.process.launch import free_port, free_port_block
+from runtime.process.ports import free_port, free_port_block
 from runtime.security.tokens import engine_keys
 from schemas.topics import DEADLETTER, EVALS, JUDGMENTS, SAMPLES, TEACHER, TURNS, WEIGHTS
-from services.run.plan import plan
+from services.run.plan import METRICS_SERVICES, plan
 from tests.browser import check_console
 
 # Two SGLang servers start in each run: 2-3 minutes of the two cores before the first turn.
@@ -70,7 +70,7 @@ def start_run(
         "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
         "TURNSTREAM_RUN_ENGINE_PORT": str(free_port()),
         "TURNSTREAM_RUN_TEACHER_ENGINE_PORT": str(free_port()),
-        "TURNSTREAM_RUN_METRICS_PORT_BASE": str(free_port_block(7)),
+        "TURNSTREAM_RUN_METRICS_PORT_BASE": str(free_port_block(len(METRICS_SERVICES))),
         "TURNSTREAM_CONSOLE_PORT": str(free_port()),
         "TURNSTREAM_CONSOLE_DB_PATH": str(tmp_path / "console.sqlite3"),
         "TURNSTREAM_PROXY_PORT": str(proxy_port),

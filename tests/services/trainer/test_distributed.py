@@ -21,7 +21,7 @@ import torch
 
 from runtime.configuration.config import KafkaConfig
 from runtime.messaging.bus import read_topic
-from runtime.process.launch import free_port
+from runtime.process.ports import free_port
 from schemas.topics import WEIGHTS
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import read_hf_weights

@@ -17,7 +17,8 @@ import torch
 
 from runtime.configuration.config import KafkaConfig
 from runtime.messaging.bus import read_topic
-from runtime.process.launch import ServiceProcess, free_port
+from runtime.process.launch import ServiceProcess
+from runtime.process.ports import free_port
 from schemas.topics import WEIGHTS
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import megatron_to_hf, read_hf_weights
