@@ -18,9 +18,13 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONUN
 
 bash scripts/lint.sh
 
-log "pytest"
+# Two lanes on the two cores (tests/lanes.py): the tests that use an SGLang server on one xdist worker, the rest on
+# the other. TURNSTREAM_TEST_LANES=0 runs everything in one process.
+lanes=(--lanes)
+[[ "${TURNSTREAM_TEST_LANES:-1}" == 0 ]] && lanes=()
+log "pytest ${lanes[*]}"
 set +e
-.venv/bin/python -m pytest --durations=15 "$@"
+.venv/bin/python -m pytest "${lanes[@]}" --durations=15 "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

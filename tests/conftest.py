@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+import hypothesis
 import pytest
 import redis.asyncio as aioredis
 
@@ -15,10 +16,16 @@ from runtime.configuration.config import KafkaConfig, RedisConfig
 from runtime.engine.model_store import fetch_smollm2
 from runtime.messaging.topics import create_topics
 from services.engine.launch import EngineProcess
-from tests.infra import Service, start_kafka, start_redis
+from tests.infra import Service, start_kafka, start_private_kafka, start_private_redis, start_redis
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-pytest_plugins = ["tests.report"]
+pytest_plugins = ["tests.report", "tests.lanes"]
+# No property test has a time limit per example: on a busy 2-core machine (an SGLang server starting beside it)
+# one slow example is the machine's, not the code's.
+hypothesis.settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
+hypothesis.settings.load_profile("suite")
 
 TEST_PARTITIONS = 3
 
@@ -37,6 +44,22 @@ def redis_service() -> Iterator[Service]:
     yield service
     if not os.environ.get("TURNSTREAM_KEEP_SERVICES"):
         service.stop()
+
+
+@pytest.fixture(scope="module")
+def private_kafka() -> Iterator[Service]:
+    """A broker of this module's own, which its tests may stop and restart (``start_private_kafka``)."""
+    service = start_private_kafka()
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def private_redis() -> Iterator[Service]:
+    """A Redis server of this module's own, which its tests may stop and restart."""
+    service = start_private_redis()
+    yield service
+    service.stop()
 
 
 @pytest.fixture

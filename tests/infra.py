@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.process.ports import free_port, free_port_block
+
 REPO = Path(__file__).resolve().parent.parent
 TEST_KAFKA_PORT = int(os.environ.get("TURNSTREAM_TEST_KAFKA_PORT", "19092"))
 TEST_REDIS_PORT = int(os.environ.get("TURNSTREAM_TEST_REDIS_PORT", "16379"))
@@ -24,6 +26,8 @@ class Service:
     origin: str
     """``env``, ``testcontainers`` or ``script``."""
     stop: Callable[[], None] = field(default=lambda: None)
+    script_env: dict[str, str] = field(default_factory=dict)
+    """For ``script``: the settings its script takes (``KAFKA_PORT``, ``REDIS_PORT``), to stop and start it again."""
 
 
 def docker_available() -> bool:
@@ -62,16 +66,22 @@ def start_kafka() -> Service:
         container.start()
         return Service(container.get_bootstrap_server(), "testcontainers", container.stop)
     env = kafka_script_env()
-    # The test broker is disposable: every test works in a namespace of its own, so a broker kept from an earlier
-    # run (TURNSTREAM_KEEP_SERVICES) is reused, and otherwise it starts on empty storage. Kept storage grows by
-    # every test's topics and, after a few hundred runs, makes the broker's start outlast its timeout.
-    status = subprocess.run(
-        ["bash", str(REPO / "scripts/kafka.sh"), "status"], env={**os.environ, **env}, capture_output=True
-    )
-    if status.returncode != 0:
-        _script("kafka.sh", "reset", env)
+    # The test broker is disposable: every test works in a namespace of its own. One already running (kept from an
+    # earlier run by TURNSTREAM_KEEP_SERVICES, or another run's at this moment) is used and left running; one this
+    # run starts, starts on empty storage (kept storage grows by every test's topics and, after a few hundred runs,
+    # makes the broker's start outlast its timeout) and is removed at the end.
+    if _running("kafka.sh", env):
+        return Service(f"127.0.0.1:{TEST_KAFKA_PORT}", "script", script_env=env)
+    _script("kafka.sh", "reset", env)
     _script("kafka.sh", "start", env)
-    return Service(f"127.0.0.1:{TEST_KAFKA_PORT}", "script", lambda: _script("kafka.sh", "reset", env))
+    return Service(f"127.0.0.1:{TEST_KAFKA_PORT}", "script", lambda: _script("kafka.sh", "reset", env), env)
+
+
+def _running(script: str, env: dict[str, str]) -> bool:
+    status = subprocess.run(
+        ["bash", str(REPO / "scripts" / script), "status"], env={**os.environ, **env}, capture_output=True
+    )
+    return status.returncode == 0
 
 
 def start_redis() -> Service:
@@ -85,7 +95,28 @@ def start_redis() -> Service:
         host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
         return Service(f"redis://{host}:{port}/0", "testcontainers", container.stop)
     env = {"REDIS_PORT": str(TEST_REDIS_PORT)}
+    url = f"redis://127.0.0.1:{TEST_REDIS_PORT}/0"
+    if _running("redis.sh", env):  # kept, or another run's: used and left running
+        return Service(url, "script", script_env=env)
+    _script("redis.sh", "start", env)
+    return Service(url, "script", lambda: _script("redis.sh", "stop", env), env)
+
+
+def start_private_kafka() -> Service:
+    """A broker of the caller's own, on empty storage and free ports, for a test that stops and restarts its broker:
+    the run's shared one goes on serving every other test meanwhile (the other lane's among them)."""
+    base = free_port_block(2)
+    env = {"KAFKA_PORT": str(base), "KAFKA_CONTROLLER_PORT": str(base + 1)}
+    _script("kafka.sh", "reset", env)
+    _script("kafka.sh", "start", env)
+    return Service(f"127.0.0.1:{base}", "script", lambda: _script("kafka.sh", "reset", env), env)
+
+
+def start_private_redis() -> Service:
+    """A Redis server of the caller's own (a free port, empty), for a test that stops and restarts it."""
+    env = {"REDIS_PORT": str(free_port())}
+    _script("redis.sh", "reset", env)
     _script("redis.sh", "start", env)
     return Service(
-        f"redis://127.0.0.1:{TEST_REDIS_PORT}/0", "script", lambda: _script("redis.sh", "stop", env)
+        f"redis://127.0.0.1:{env['REDIS_PORT']}/0", "script", lambda: _script("redis.sh", "reset", env), env
     )

@@ -40,6 +40,8 @@ class Bill:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     waiting: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     tests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    lanes: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    """Seconds of test per xdist worker (``pytest --lanes``: gw0 the engines lane, gw1 the CPU lane)."""
     starts: list[EngineStart] = field(default_factory=list)
     current: str = "(collection)"
     began: float = field(default_factory=time.monotonic)
@@ -119,19 +121,38 @@ def pytest_configure(config: pytest.Config) -> None:
         timed = _timed_wait_ready(ServiceProcess.wait_ready)
         timed.__wrapped_by_report__ = True  # type: ignore[attr-defined]
         ServiceProcess.wait_ready = timed  # type: ignore[method-assign]
-    if os.path.isdir("/proc"):
+    # The process at the top counts the starts: an xdist worker's are below the controller too.
+    if os.path.isdir("/proc") and not hasattr(config, "workerinput"):
         threading.Thread(target=_watch_engines, args=(_stop,), daemon=True, name="engine-starts").start()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     BILL.current = _file(item.nodeid)
-    BILL.tests[BILL.current] += 1
     return (yield)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Seen in the process that reports: the controller, for an xdist run (each worker's reports reach it)."""
     BILL.seconds[_file(report.nodeid)] += report.duration
+    if report.when == "teardown":
+        BILL.tests[_file(report.nodeid)] += 1
+    node = getattr(report, "node", None)
+    if node is not None:
+        BILL.lanes[node.gateway.id] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In an xdist worker: hand its waits to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["turnstream_waiting"] = dict(BILL.waiting)
+
+
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """In the controller: a worker's waits, added to the bill."""
+    for file, seconds in getattr(node, "workeroutput", {}).get("turnstream_waiting", {}).items():
+        BILL.waiting[file] += seconds
 
 
 def summary() -> dict[str, Any]:
@@ -156,6 +177,7 @@ def summary() -> dict[str, Any]:
             }
             for f in files
         ],
+        "lanes": {worker: round(seconds, 1) for worker, seconds in sorted(BILL.lanes.items())},
         "engine_starts": starts,
         "engines": dict(by_config),
     }
@@ -179,6 +201,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     total = sum(f["seconds"] for f in bill["files"])
     waited = sum(f["waiting"] for f in bill["files"])
     write(f"{total:8.1f} {waited:8.1f} {sum(f['tests'] for f in bill['files']):5d}  all files")
+    if bill["lanes"]:
+        write(
+            "lanes: "
+            + ", ".join(f"{w} {s:.0f} s" for w, s in bill["lanes"].items())
+            + " (gw0: engines, gw1: cpu)"
+        )
     restarts = sum(c["restarts"] for c in bill["engines"].values())
     write(
         f"SGLang servers started: {len(bill['engine_starts'])} ({restarts} of them restarts on a port used before)"

@@ -20,12 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from runtime.configuration.config import KafkaConfig, RedisConfig
-from runtime.messaging.topics import group_lag
+from runtime.messaging.topics import create_topics, group_lag
 from runtime.process.ports import free_port
-from tests.infra import REPO, Service, _script, kafka_script_env
+from tests.conftest import TEST_PARTITIONS
+from tests.infra import REPO, Service, _script
 
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -98,10 +100,12 @@ def pipeline(
 ) -> Callable[..., Pipeline]:
     started: list[Pipeline] = []
 
-    def make(**stages: object) -> Pipeline:
+    def make(
+        kafka_config: KafkaConfig | None = None, redis_url: str | None = None, **stages: object
+    ) -> Pipeline:
         pipe = Pipeline(
-            kafka,
-            redis_config.url,
+            kafka_config or kafka,
+            redis_url or redis_config.url,
             redis_config.key_prefix,
             str(smollm2_path),
             tmp_path / "rig",
@@ -141,18 +145,20 @@ def test_kill_9_of_a_service_in_the_middle_of_traffic(
 
 
 def test_kafka_broker_restart(
-    pipeline: Callable[..., Pipeline], kafka: KafkaConfig, kafka_service: Service
+    pipeline: Callable[..., Pipeline], kafka: KafkaConfig, private_kafka: Service
 ) -> None:
-    if kafka_service.origin != "script":
-        pytest.skip("needs the broker this test run started (it stops and restarts it)")
-    pipe = pipeline()
+    """The broker stopped and started again under traffic: the module's own (``private_kafka``), so that every
+    other test goes on with the run's shared one."""
+    own = msgspec.structs.replace(kafka, bootstrap=private_kafka.address)
+    asyncio.run(create_topics(own, partitions=TEST_PARTITIONS))
+    pipe = pipeline(kafka_config=own)
 
     def fault() -> None:
-        _script("kafka.sh", "stop", kafka_script_env())
+        _script("kafka.sh", "stop", private_kafka.script_env)
         time.sleep(3.0)  # the proxy keeps answering; turns wait in its spool
-        _script("kafka.sh", "start", kafka_script_env())
+        _script("kafka.sh", "start", private_kafka.script_env)
 
-    acc = run_with_fault(pipe, kafka, fault)
+    acc = run_with_fault(pipe, own, fault)
     assert_exact(acc, pipe)
 
 
@@ -165,9 +171,10 @@ def test_kafka_unreachable_at_the_proxy(pipeline: Callable[..., Pipeline], kafka
     def fault() -> None:
         pipe.stop_service("proxy")
         pipe.start_service("proxy", {"TURNSTREAM_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"})
-        time.sleep(3.0)
-        spooled = httpx.get(pipe.proxy_url + "/healthz", timeout=5).json()["spool_pending"]
-        assert spooled > 0, "turns served during the partition wait in the spool"
+        deadline = time.monotonic() + 60
+        while httpx.get(pipe.proxy_url + "/healthz", timeout=5).json()["spool_pending"] == 0:
+            assert time.monotonic() < deadline, "turns served during the partition wait in the spool"
+            time.sleep(0.2)
         pipe.stop_service("proxy")
         pipe.start_service("proxy")
 
@@ -175,18 +182,18 @@ def test_kafka_unreachable_at_the_proxy(pipeline: Callable[..., Pipeline], kafka
     assert_exact(acc, pipe)
 
 
-def test_redis_restart(pipeline: Callable[..., Pipeline], kafka: KafkaConfig, redis_service: Service) -> None:
-    if redis_service.origin != "script":
-        pytest.skip("needs the Redis this test run started (it stops and restarts it)")
-    pipe = pipeline()
-    port = redis_service.address.rsplit(":", 1)[1].split("/")[0]
+def test_redis_restart(pipeline: Callable[..., Pipeline], kafka: KafkaConfig, private_redis: Service) -> None:
+    """Redis stopped and started again under traffic: the module's own (``private_redis``), holding the sealing
+    keys and the proxy's state, so that every other test goes on with the run's shared one."""
+    own = msgspec.structs.replace(kafka, seal_keys_url=private_redis.address)
+    pipe = pipeline(kafka_config=own, redis_url=private_redis.address)
 
     def fault() -> None:
-        _script("redis.sh", "stop", {"REDIS_PORT": port})
+        _script("redis.sh", "stop", private_redis.script_env)
         time.sleep(2.0)
-        _script("redis.sh", "start", {"REDIS_PORT": port})
+        _script("redis.sh", "start", private_redis.script_env)
 
-    acc = run_with_fault(pipe, kafka, fault)
+    acc = run_with_fault(pipe, own, fault)
     assert_exact(acc, pipe)
     metrics = httpx.get(pipe.proxy_url + "/metrics", timeout=5).text
     late = float(re.search(r"^turnstream_proxy_turns_numbered_late_total (\S+)$", metrics, re.M).group(1))  # type: ignore[union-attr]

@@ -30,7 +30,11 @@ from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, pair_all
 from tests.services.trainer.conftest import publish
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(1500),
+    pytest.mark.engine_lane,
+]  # one process: TAUGHT
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "agents.sh"
 MESSAGES = ("What is 2+2? Answer briefly.", "No, answer in one word.", "Thanks.")
 CORRECTION = MESSAGES[1]

@@ -35,7 +35,7 @@ MESSAGES = ("What is 2+2?", "No, answer in one word.")
 
 
 def agent(state: Path, session: str, message: str) -> dict[str, object]:
-    env = {**os.environ, "OPENCLAW_MAX_TOKENS": "16", "OPENCLAW_TIMEOUT": "300"}
+    env = {**os.environ, "OPENCLAW_TIMEOUT": "300"}
     done = subprocess.run(
         ["bash", str(SCRIPT), "agent", str(state), session, message],
         env=env, capture_output=True, text=True, timeout=400,
@@ -46,7 +46,11 @@ def agent(state: Path, session: str, message: str) -> dict[str, object]:
 
 def setup(state: Path, base_url: str) -> None:
     subprocess.run(["bash", str(SCRIPT), "install"], check=True, timeout=600)
-    subprocess.run(["bash", str(SCRIPT), "config", str(state), base_url, "--lean"], check=True, timeout=300)
+    # The answer length is OpenClaw's model setting (maxTokens, sent as max_completion_tokens), written here.
+    env = {**os.environ, "OPENCLAW_MAX_TOKENS": "16"}
+    subprocess.run(
+        ["bash", str(SCRIPT), "config", str(state), base_url, "--lean"], check=True, timeout=300, env=env
+    )
 
 
 def openclaw_session(turn: Turn) -> str:

@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -35,30 +37,35 @@ def test_ports_come_from_below_the_ephemeral_range_and_are_never_handed_out_twic
             s.bind(("127.0.0.1", p))
 
 
-def test_a_port_in_use_or_held_by_another_process_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TURNSTREAM_PORT_RANGE", "15990-15993")
-    monkeypatch.setattr(ports, "_held", {})  # this test's own view: ports the suite holds are not its concern
+def test_a_port_in_use_or_held_by_another_process_is_skipped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    base = free_port_block(4)  # four ports nobody else in this run holds or binds, for a world of their own:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # lock files of their own (this process holds the real ones)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(ports, "_held", {})
+    monkeypatch.setenv("TURNSTREAM_PORT_RANGE", f"{base}-{base + 3}")
     listening = socket.socket()
-    listening.bind(("127.0.0.1", 15990))
+    listening.bind(("127.0.0.1", base))
     listening.listen()
     other = subprocess.Popen(
         [sys.executable, "-c", HOLD],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={"TURNSTREAM_PORT_RANGE": "15991-15991", "PYTHONPATH": "."},
+        env={**os.environ, "TURNSTREAM_PORT_RANGE": f"{base + 1}-{base + 1}", "PYTHONPATH": "."},
     )
     try:
-        assert other.stdout is not None and int(other.stdout.readline()) == 15991
+        assert other.stdout is not None and int(other.stdout.readline()) == base + 1
         mine = {free_port(), free_port()}
-        assert mine == {15992, 15993}  # not the listened-on one, not the other process's
+        assert mine == {base + 2, base + 3}  # not the listened-on one, not the other process's
         with pytest.raises(RuntimeError, match="no 1 consecutive free ports"):
             free_port()
     finally:
         listening.close()
         other.communicate("\n", timeout=30)
-    for fd in ports._held.values():
-        os.close(fd)
+        for fd in ports._held.values():
+            os.close(fd)
 
 
 def test_a_range_reaching_into_the_ephemeral_one_is_cut_and_an_empty_one_refused(

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -243,7 +244,10 @@ async def test_a_forgotten_session_is_fenced_so_nothing_comes_back_readable(
                 )
                 is None
             )
-        await asyncio.sleep(4)  # the spooled turn's publish: dropped
+        deadline = time.monotonic() + 60  # the spooled turn's publish: dropped
+        while scraped(proxy.url, "turnstream_bus_forgotten_total", topic=TURNS.name(kafka.namespace)) < 1:
+            assert time.monotonic() < deadline, "the spooled turn of a forgotten session was never dropped"
+            await asyncio.sleep(0.2)
         forgotten = scraped(proxy.url, "turnstream_bus_forgotten_total", topic=TURNS.name(kafka.namespace))
         assert forgotten == 1
         fresh = msgspec.structs.replace(kafka, seal_keys_cache_s=0.25)

@@ -21,13 +21,13 @@ async def test_one_holder_at_a_time_renewed_while_held_released_by_its_holder(
 ) -> None:
     a_redis, b_redis = PipelinedRedis(redis_config.url), PipelinedRedis(redis_config.url)
     key = redis_config.reload_lease_key(ENGINE)
-    a, b = EngineLease(a_redis, key, ttl_s=0.3), EngineLease(b_redis, key, ttl_s=0.3)
+    a, b = EngineLease(a_redis, key, ttl_s=1.0), EngineLease(b_redis, key, ttl_s=1.0)
     try:
         async with a.hold() as mine:
             assert mine
             async with b.hold() as theirs:
                 assert not theirs, "a second proxy took a held engine"
-            await asyncio.sleep(1.0)  # three lease lengths: kept only by renewal
+            await asyncio.sleep(3.0)  # three lease lengths: kept only by renewal
             assert not await b.acquire(), "the lease lapsed while its holder still held it"
             await b.release()  # not the holder: nothing happens
             assert not await b.acquire()

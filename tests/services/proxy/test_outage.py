@@ -1,4 +1,5 @@
-"""Kafka goes away in the middle of traffic: users notice nothing, and every turn arrives exactly once."""
+"""Kafka goes away in the middle of traffic: users notice nothing, and every turn arrives exactly once. The broker
+stopped is one of this module's own (the run's shared broker serves the other tests meanwhile)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,36 @@ import asyncio
 from collections import Counter
 
 import httpx
+import msgspec
 import pytest
 
 from runtime.configuration.config import KafkaConfig
-from tests.infra import Service, _script, kafka_script_env
+from runtime.messaging.topics import create_topics
+from tests.infra import Service, _script
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
 
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture
+async def own_kafka(private_kafka: Service, kafka_config: KafkaConfig) -> KafkaConfig:
+    """The test's namespace on the module's own broker, with its topics."""
+    config = msgspec.structs.replace(kafka_config, bootstrap=private_kafka.address)
+    await create_topics(config, partitions=3)
+    return config
+
+
 async def test_broker_outage_loses_and_duplicates_nothing(
-    proxy: ProxyProcess, kafka: KafkaConfig, kafka_service: Service
+    own_kafka: KafkaConfig, private_kafka: Service, proxy_env: dict[str, str]
 ) -> None:
-    if kafka_service.origin != "script":
-        pytest.skip("needs the broker this test run started (it stops and restarts it)")
+    proxy = ProxyProcess({**proxy_env, "TURNSTREAM_KAFKA_BOOTSTRAP": private_kafka.address})
+    try:
+        await outage(proxy, own_kafka, private_kafka)
+    finally:
+        proxy.stop()
+
+
+async def outage(proxy: ProxyProcess, kafka: KafkaConfig, broker: Service) -> None:
     expected: list[str] = []
 
     async def traffic(http: httpx.AsyncClient, session: str, n: int) -> None:
@@ -37,14 +54,14 @@ async def test_broker_outage_loses_and_duplicates_nothing(
 
     async with httpx.AsyncClient(timeout=60) as http:
         await asyncio.gather(traffic(http, "before-a", 3), traffic(http, "before-b", 3))
-        await asyncio.to_thread(_script, "kafka.sh", "stop", kafka_script_env())
+        await asyncio.to_thread(_script, "kafka.sh", "stop", broker.script_env)
         try:
             # Users are served while the broker is down; their turns wait in the spool.
             await asyncio.gather(*(traffic(http, f"during-{i}", 4) for i in range(3)))
             health = (await http.get(proxy.url + "/healthz")).json()
             assert health["status"] == "ok" and health["spool_pending"] > 0
         finally:
-            await asyncio.to_thread(_script, "kafka.sh", "start", kafka_script_env())
+            await asyncio.to_thread(_script, "kafka.sh", "start", broker.script_env)
         await traffic(http, "after", 3)
 
     turns = await wait_for_turns(kafka, len(expected), timeout=120)

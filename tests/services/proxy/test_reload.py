@@ -244,7 +244,10 @@ async def test_a_version_under_evaluation_stays_served_until_its_hold_ends(
             await publish(kafka, serving + 1, str(perturbed_weights))
             proxy = ProxyProcess(env)
             try:
-                await asyncio.sleep(8)  # the reloader has read the version (it starts from the topic's start)
+                deadline = time.monotonic() + 60  # the reloader reads the version (from the topic's start)
+                while scraped(proxy.url, "turnstream_proxy_reload_held_total") < 1:
+                    assert time.monotonic() < deadline, "the reloader never saw the version and its hold"
+                    await asyncio.sleep(0.2)
                 assert await engine_version(http, own_engine.url) == str(serving), "loaded despite the hold"
                 assert scraped(proxy.url, "turnstream_proxy_reload_held_total") == 1
                 assert scraped(proxy.url, "turnstream_proxy_weight_reloads_total", status="ok") == 0

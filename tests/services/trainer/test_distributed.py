@@ -92,13 +92,15 @@ def assert_matches(got: dict[str, Any], want: dict[str, Any], lr: float = 1e-4) 
     assert want["stats"][0]["is_weight_mean"] != pytest.approx(1.0, abs=0.05), (
         "the importance weights are live"
     )
-    # The same updated weights: Adam moves each weight by at most ~lr per step, so any mismatch beyond float noise
-    # on near-zero gradients would show as differences of order lr.
+    # The same updated weights. Adam moves each weight by at most ~lr per step, so no weight may differ by more than
+    # 2 lr a step. Where a gradient is within rounding of zero, two layouts' summation orders may flip the sign of
+    # that weight's step (a difference of up to 2 lr): isolated elements, a couple per tensor at most on any CPU.
+    # A layout bug (a wrong shard, a transposed or misplaced block) moves whole rows, columns or tensors instead.
     assert got["weights"].keys() == want["weights"].keys()
     for name, w in want["weights"].items():
         diff = (got["weights"][name] - w).abs()
         assert diff.max() <= 2 * lr * STEPS, name
-        assert (diff > 1e-6).float().mean() < 0.01, name
+        assert (diff > 1e-6).sum().item() <= max(2, 0.01 * diff.numel()), name
     # The streamed export (tensor by tensor to rank 0) is the pickled gather + unshard, bit for bit, in order.
     assert list(got["weights"]) == list(got["unshard_reference"])
     for name, w in got["unshard_reference"].items():

@@ -66,8 +66,12 @@ def test_smollm2_logits_equal_transformers(smollm2_path: Path) -> None:
     model, ours = megatron_logits(spec, hf)
     want = reference_logits(ref.eval(), IDS, MASK)
     assert_same_logits(ours, want)
-    # The trainer's default attention (torch's flash kernel): other rounding, 4e-5 over SmolLM2's 30 layers.
-    assert_same_logits(megatron_logits(spec, hf, "sdpa")[1], want, 1e-4)
+    # The trainer's default attention (torch's flash kernel): other rounding, which depends on how the kernel blocks
+    # its sums for the CPU's vector width (4.6e-5 on logits up to 33 on one AMD EPYC): bounded relative to the
+    # largest logit, 1e-5 of it, a hundred float32 roundings.
+    assert_same_logits(
+        megatron_logits(spec, hf, "sdpa")[1], want, 1e-5 * want[MASK.bool()].abs().max().item()
+    )
     exported = dict(hf_stream(spec, ParallelLayout(), local_parameters(model), torch.float32))
     assert exported.keys() == hf.keys()
     assert all(torch.equal(exported[k], hf[k]) for k in hf), "export is bit-exact"

@@ -1,0 +1,97 @@
+"""``pytest --lanes``: the suite as two lanes on two pytest-xdist workers, one per core.
+
+A test that talks to a real SGLang server spends most of its time waiting on that server's one busy thread (one
+torch thread per process, the house rule), which leaves the machine's second core idle for minutes at a time. So:
+the ``engines`` lane (worker gw0) runs every test that uses an SGLang server, in the usual order, with the servers
+started ahead as tests/conftest.py arranges; the ``cpu`` lane (worker gw1) runs everything else beside it: the
+trainer, the fault rig on stub engines, the brokers' and Redis's own tests, the unit tests. Each worker is a whole
+pytest session of its own (its own fixtures), both on one Kafka broker and one Redis server, which the controller
+starts before the workers and stops after them.
+
+A test is in the engines lane when it uses one of ``ENGINE_FIXTURES`` (directly or through another fixture) or is
+marked ``engine_lane`` (it starts SGLang itself, as ``turnstream run`` does). Without ``--lanes``, or with
+``-n 0``, everything runs in one process as before.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.infra import Service, start_kafka, start_redis
+
+ENGINE_FIXTURES = frozenset(
+    {"engine", "own_engine", "lora_engine", "reasoning_engine", "second_engine", "second_lora_engine"}
+)
+LANES = ("engines", "cpu")
+_services: list[Service] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lanes",
+        action="store_true",
+        help="two xdist workers: tests that use an SGLang server on one, the rest on the other (tests/lanes.py)",
+    )
+
+
+def _worker(config: pytest.Config) -> str | None:
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput["workerid"] if workerinput else None
+
+
+def lanes_on(config: pytest.Config) -> bool:
+    """Whether this run is split into lanes (in the controller and in both workers)."""
+    return bool(config.getoption("lanes")) and config.getoption("numprocesses", None) != 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """In the controller: two workers, each running what it collects (``--dist each``: each worker deselects the
+    other lane's tests, so no test runs twice)."""
+    if lanes_on(config) and _worker(config) is None and not config.option.collectonly:
+        config.option.numprocesses = len(LANES)
+        config.option.dist = "each"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "engine_lane: runs in the engines lane (it starts SGLang servers itself)"
+    )
+    if not lanes_on(config) or _worker(config) is not None or config.option.collectonly:
+        return
+    # One broker and one Redis for both workers, named to them by the environment they inherit.
+    for start, variable in (
+        (start_kafka, "TURNSTREAM_KAFKA_BOOTSTRAP"),
+        (start_redis, "TURNSTREAM_REDIS_URL"),
+    ):
+        service = start()
+        _services.append(service)
+        os.environ[variable] = service.address
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not os.environ.get("TURNSTREAM_KEEP_SERVICES"):
+        for service in _services:
+            service.stop()
+    _services.clear()
+
+
+def lane(item: pytest.Item) -> str:
+    """``engines`` for a test that needs an SGLang server, ``cpu`` for the rest."""
+    uses = ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+    return "engines" if uses or item.get_closest_marker("engine_lane") else "cpu"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    worker = _worker(config)
+    if not lanes_on(config) or worker is None:
+        return
+    mine = LANES[int(worker.removeprefix("gw")) % len(LANES)]
+    keep = [item for item in items if lane(item) == mine]
+    deselected = [item for item in items if lane(item) != mine]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+    items[:] = keep
