@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Three Apache Kafka nodes (KRaft; each a broker and a controller of one quorum) on loopback: the replicated
-# cluster turnstream's topics get three copies on (tests/test_kafka_cluster.py, docs/scaling.md).
+# cluster turnstream's topics get three copies on (tests/test_ha.py, docs/scaling.md).
 #   scripts/kafka-cluster.sh start          start the three nodes (one id, formatted once), wait until each answers
 #   scripts/kafka-cluster.sh stop|reset     stop them (reset: and delete their data)
 #   scripts/kafka-cluster.sh kill N         kill -9 node N (1-3): a broker crash

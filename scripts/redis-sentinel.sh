@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Redis that fails over, on loopback: a master, a replica and three Sentinels (quorum 2) watching them as the
-# group "turnstream" (Debian's redis-server; tests/test_redis_sentinel.py, docs/security.md).
+# group "turnstream" (Debian's redis-server; tests/test_ha.py, docs/security.md).
 #   scripts/redis-sentinel.sh start          start the five processes, wait until the Sentinels know the master
 #   scripts/redis-sentinel.sh stop|reset     stop them (reset: and delete their data)
 #   scripts/redis-sentinel.sh kill-master    kill -9 whichever server is the master now (the Sentinels promote the other)

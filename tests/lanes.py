@@ -9,8 +9,8 @@ pytest session of its own (its own fixtures), both on one Kafka broker and one R
 starts before the workers and stops after them.
 
 A test is in the engines lane when it uses one of ``ENGINE_FIXTURES`` (directly or through another fixture) or is
-marked ``engine_lane`` (it starts SGLang itself, as ``turnstream run`` does). Without ``--lanes``, or with
-``-n 0``, everything runs in one process as before.
+marked ``starts_engines`` (it starts SGLang itself, as ``turnstream run`` does: tests/engines.py). Without
+``--lanes``, or with ``-n 0``, everything runs in one process as before.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import os
 
 import pytest
 
+from tests.engines import MODULE_ENGINES
 from tests.infra import Service, start_kafka, start_redis
 
-ENGINE_FIXTURES = frozenset(
-    {"engine", "own_engine", "lora_engine", "reasoning_engine", "second_engine", "second_lora_engine"}
-)
+ENGINE_FIXTURES = frozenset({"engine", "own_engine", *MODULE_ENGINES})
 LANES = ("engines", "cpu")
 _services: list[Service] = []
 
@@ -56,9 +55,6 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "engine_lane: runs in the engines lane (it starts SGLang servers itself)"
-    )
     if not lanes_on(config) or _worker(config) is not None or config.option.collectonly:
         return
     # One broker and one Redis for both workers, named to them by the environment they inherit.
@@ -81,7 +77,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def lane(item: pytest.Item) -> str:
     """``engines`` for a test that needs an SGLang server, ``cpu`` for the rest."""
     uses = ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
-    return "engines" if uses or item.get_closest_marker("engine_lane") else "cpu"
+    return "engines" if uses or item.get_closest_marker("starts_engines") else "cpu"
 
 
 @pytest.hookimpl(trylast=True)

@@ -97,6 +97,11 @@ def _watch_engines(stop: threading.Event) -> None:
             seen.add((int(entry), started))
             if not _below(int(entry), os.getpid()):  # another run's, or one kept from before
                 continue
+            try:  # a child SGLang forks keeps its parent's command line until it names itself
+                if b"sglang.launch_server" in Path(f"/proc/{_parent(int(entry))}/cmdline").read_bytes():
+                    continue
+            except OSError:
+                pass
             found = engine_config(raw.decode(errors="replace").split("\0"))
             if found:
                 BILL.starts.append(EngineStart(time.monotonic() - BILL.began, *found, BILL.current))

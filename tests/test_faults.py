@@ -126,20 +126,29 @@ def assert_exact(acc: Account, pipe: Pipeline) -> None:
     )
 
 
-@pytest.mark.parametrize("service", ["proxy", "pairer", "judge", "teacher", "dispatcher"])
-def test_kill_9_of_a_service_in_the_middle_of_traffic(
-    service: str, pipeline: Callable[..., Pipeline], kafka: KafkaConfig
+SERVICES = ("proxy", "pairer", "judge", "teacher", "dispatcher")
+
+
+def test_kill_9_of_each_service_in_turn_in_the_middle_of_traffic(
+    pipeline: Callable[..., Pipeline], kafka: KafkaConfig
 ) -> None:
-    """Engines slow enough (300 ms) that the judge and teacher hold work in flight when the kill comes: what they
-    had read and not committed is read again after the restart (redelivered under the same keys)."""
-    pipe = pipeline(judge_latency_ms=300, teacher_latency_ms=300)
+    """Each of the five services ``kill -9``'d and started again, one after another, while the traffic goes on (the
+    policy slow enough, 1.5 s a turn, that the users are still sending when the last kill comes), and engines slow
+    enough (300 ms) that the judge and teacher hold work in flight when theirs comes: what each had read and not
+    committed is read again after its restart (redelivered under the same keys). One rig for the five kills: a
+    rig's start and settling cost more than its traffic."""
+    pipe = pipeline(policy_latency_ms=1500, judge_latency_ms=300, teacher_latency_ms=300)
+    killed: list[str] = []
 
     def fault() -> None:
-        pipe.kill(service)
-        time.sleep(1.0)
-        pipe.start_service(service)
+        for service in SERVICES:
+            pipe.kill(service)
+            time.sleep(1.0)
+            pipe.start_service(service)
+            killed.append(service)
 
-    acc = run_with_fault(pipe, kafka, fault)
+    acc = run_with_fault(pipe, kafka, fault, after_turns=6)
+    assert killed == list(SERVICES)
     assert_exact(acc, pipe)
     assert acc.found["samples"] == SESSIONS * (TURNS - 1) + len(acc.recorded_unanswered)
 

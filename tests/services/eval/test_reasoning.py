@@ -16,14 +16,14 @@ from services.engine.launch import EngineProcess
 from services.eval import asking
 from services.eval.set_runner import engine_asker
 from services.eval.worker import Evaluator
-from tests.conftest import module_engine
+from tests.engines import module_engine
 
 QUESTION = "Name three colours."
 
 
 @pytest.fixture(scope="module")
 def reasoning_engine() -> Iterator[EngineProcess]:
-    """SmolLM2 behind SGLang's qwen3 reasoning parser (started ahead: tests/conftest.py's MODULE_ENGINES)."""
+    """SmolLM2 behind SGLang's qwen3 reasoning parser (started ahead: tests/engines.py's MODULE_ENGINES)."""
     yield from module_engine("reasoning_engine")
 
 

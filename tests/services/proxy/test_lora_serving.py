@@ -26,7 +26,7 @@ from schemas.topics import DEADLETTER, VERSIONS, WEIGHTS
 from services.engine.launch import EngineProcess
 from services.eval.worker import Evaluator
 from services.trainer.checkpoints import TrainerStore
-from tests.conftest import ENGINE_KEYS, LORA_ENV, module_engine
+from tests.engines import ENGINE_KEYS, LORA_ENV, module_engine
 from tests.metrics import scraped
 from tests.samples import random_rl_samples
 from tests.services.proxy.conftest import ProxyProcess, spread_sessions, wait_for_turns
@@ -199,7 +199,7 @@ async def test_adapter_versions_are_served_labelled_and_retired(
 
 @pytest.fixture(scope="module")
 def second_lora_engine() -> Iterator[EngineProcess]:
-    """A second LoRA policy server: the adapter gate over two replicas (started ahead: tests/conftest.py's
+    """A second LoRA policy server: the adapter gate over two replicas (started ahead: tests/engines.py's
     MODULE_ENGINES)."""
     yield from module_engine("second_lora_engine")
 

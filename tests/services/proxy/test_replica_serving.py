@@ -36,7 +36,7 @@ from schemas.topics import EVALS, VERSIONS
 from services.engine.launch import EngineProcess
 from services.eval.worker import run_eval
 from services.gate.worker import run_gate
-from tests.conftest import module_engine
+from tests.engines import module_engine
 from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, spread_sessions, wait_for_turns
 from tests.services.proxy.test_reload import engine_version, publish
@@ -47,7 +47,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def second_engine() -> Iterator[EngineProcess]:
     """A second policy server of the module's own: the one these tests kill and restart (started ahead:
-    tests/conftest.py's MODULE_ENGINES)."""
+    tests/engines.py's MODULE_ENGINES)."""
     yield from module_engine("second_engine")
 
 

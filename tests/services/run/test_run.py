@@ -30,7 +30,7 @@ from services.run.plan import METRICS_SERVICES, plan
 from tests.browser import check_console
 
 # Two SGLang servers start in each run: 2-3 minutes of the two cores before the first turn.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200), pytest.mark.starts_engines(2)]
 ROOT = Path(__file__).resolve().parents[3]
 
 

@@ -1,5 +1,7 @@
-"""Training steps on the real SmolLM2 with Megatron's DDP and optimizer on the CPU: alignment, micro-batching
-that does not change the update, and learning in the direction of the signal (rl rewards, opd teacher)."""
+"""Training steps with Megatron's DDP and optimizer on the CPU: alignment, micro-batching that does not change the
+update, and learning in the direction of the signal (rl rewards, opd teacher). The step's logic is the point, so
+the model is SmolLM2 cut to two random layers (its shapes and vocabulary: tests/conftest.py), a fifteenth of the
+real one's cost; tests/services/trainer/test_model.py holds the real SmolLM2 to transformers."""
 
 from __future__ import annotations
 
@@ -75,11 +77,11 @@ def tok(smollm2_path: Path) -> Any:
 
 
 @pytest.fixture
-def policy(smollm2_path: Path) -> Any:
+def policy(small_smollm2: Path) -> Any:
     from services.trainer.policy import Policy
 
     torch.set_num_threads(1)
-    return Policy.from_hf(smollm2_path, TrainerConfig(lr=5e-5))
+    return Policy.from_hf(small_smollm2, TrainerConfig(lr=5e-5))
 
 
 def encode(tok: Any, question: str, answer: str) -> tuple[list[int], list[int]]:
@@ -263,11 +265,11 @@ def test_micro_loss_weights_rows_and_adds_the_kl_and_topk_terms() -> None:
     assert logits.grad is not None and not logits.grad[1].any()  # nothing flows from the padding row
 
 
-def test_reference_kl_starts_at_zero_and_grows_as_the_policy_moves(smollm2_path: Path, tok: Any) -> None:
+def test_reference_kl_starts_at_zero_and_grows_as_the_policy_moves(small_smollm2: Path, tok: Any) -> None:
     from services.trainer.policy import Policy
 
     torch.set_num_threads(1)
-    policy = Policy.from_hf(smollm2_path, TrainerConfig(lr=1e-4, kl_coef=0.1))
+    policy = Policy.from_hf(small_smollm2, TrainerConfig(lr=1e-4, kl_coef=0.1))
     assert policy.reference is not None and not any(p.requires_grad for p in policy.reference.parameters())
     prompt = render_prompt_ids(tok, [{"role": "user", "content": "Say hi."}])
     batch = [

@@ -1,8 +1,12 @@
-"""Redis that fails over: a master, a replica and three Sentinels (scripts/redis-sentinel.sh), named to every service
+"""High availability, both parts at once: Kafka as a replicated cluster (three KRaft nodes, scripts/kafka-cluster.sh)
+on which ``turnstream topics create`` makes three copies of every partition with ``min.insync.replicas`` 2, and a
+Redis that fails over (a master, a replica and three Sentinels, scripts/redis-sentinel.sh), named to every service
 by one ``redis+sentinel://`` URL. Both of turnstream's Redis clients (redis-py's and the proxy's pipelined one)
-follow a failover; and the whole pipeline (the fault rig of tests/test_faults.py) goes on when the master is killed
-in the middle of traffic, with every sealing key kept (``kafka.seal_keys_replicas`` 1: a key seals nothing before
-the replica has it), so every record stays readable: every answered turn recorded once, every sample made once."""
+follow a failover; and the whole pipeline (the fault rig of tests/test_faults.py: proxy, pairer, judge, teacher,
+dispatcher as real processes) on the cluster and the Sentinel set loses nothing when a broker is killed
+(``kill -9``) and the Redis master is killed in the middle of traffic, with both left dead and with both started
+again: every answered turn recorded once, every sample made once, and every record readable (``seal_keys_replicas``
+1: a sealing key seals nothing before the replica has it). One cluster and one Sentinel set serve the module."""
 
 from __future__ import annotations
 
@@ -14,18 +18,32 @@ from pathlib import Path
 
 import pytest
 
-from runtime.messaging.topics import create_topics
+from runtime.configuration.config import KafkaConfig
+from runtime.messaging.topics import create_topics, describe_topics
 from runtime.transport.redis_urls import redis_client, sentinel_target
 from runtime.transport.resp import PipelinedRedis, command
 from tests.conftest import namespaced_kafka
-from tests.infra import Service, script_output
+from tests.infra import script_output
 from tests.test_faults import SESSIONS, TURNS, Pipeline, Stages, assert_exact, run_with_fault
 
 pytestmark = pytest.mark.integration
+BROKER = "2"
+"""The node killed (any of the three: the cluster keeps two in sync)."""
+
+
+def cluster(*args: str) -> str:
+    return script_output("kafka-cluster.sh", *args)
 
 
 def sentinels(*args: str) -> str:
     return script_output("redis-sentinel.sh", *args)
+
+
+@pytest.fixture(scope="module")
+def cluster_bootstrap() -> Iterator[str]:
+    cluster("start")
+    yield cluster("bootstrap")
+    cluster("reset")
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +52,15 @@ def sentinel_url() -> Iterator[str]:
     sentinels("start")
     yield sentinels("url")
     sentinels("reset")
+
+
+@pytest.fixture
+async def cluster_kafka(cluster_bootstrap: str, sentinel_url: str) -> KafkaConfig:
+    kafka = namespaced_kafka(
+        cluster_bootstrap, sentinel_url, f"test-{uuid.uuid4().hex[:12]}.", seal_keys_replicas=1
+    )
+    await create_topics(kafka, partitions=3)
+    return kafka
 
 
 def failover() -> str:
@@ -45,6 +72,12 @@ def failover() -> str:
         assert time.monotonic() < deadline, "the Sentinels did not fail over"
         time.sleep(0.2)
     return now
+
+
+async def test_topics_get_three_copies_and_need_two(cluster_kafka: KafkaConfig) -> None:
+    states = await describe_topics(cluster_kafka)
+    assert {s.replicas for s in states} == {3}
+    assert {s.configs.get("min.insync.replicas") for s in states} == {"2"}
 
 
 def test_sentinel_urls_name_the_group_and_refuse_what_is_not_one() -> None:
@@ -89,15 +122,14 @@ async def test_both_clients_follow_a_failover(sentinel_url: str) -> None:
 
 
 @pytest.mark.parametrize("restarted", [False, True], ids=["left-dead", "restarted"])
-async def test_the_master_killed_in_the_middle_of_traffic_loses_nothing(
-    restarted: bool, sentinel_url: str, kafka_service: Service, smollm2_path: Path, tmp_path: Path
+def test_a_broker_and_the_redis_master_killed_in_the_middle_of_traffic_lose_nothing(
+    restarted: bool, cluster_kafka: KafkaConfig, sentinel_url: str, smollm2_path: Path, tmp_path: Path
 ) -> None:
-    kafka = namespaced_kafka(
-        kafka_service.address, sentinel_url, f"test-{uuid.uuid4().hex[:12]}.", seal_keys_replicas=1
-    )
-    await create_topics(kafka, partitions=3)
+    """Once the traffic is under way, a broker is killed and the Redis master is killed (the Sentinels promote
+    the replica); both stay dead to the end, or both are started again (the broker rejoins, the old master comes
+    back as a replica) while traffic goes on."""
     pipe = Pipeline(
-        kafka,
+        cluster_kafka,
         sentinel_url,
         f"test-{uuid.uuid4().hex[:12]}:",
         str(smollm2_path),
@@ -110,17 +142,20 @@ async def test_the_master_killed_in_the_middle_of_traffic_loses_nothing(
     )
 
     def fault() -> None:
+        cluster("kill", BROKER)
         failover()
         if restarted:
             time.sleep(2.0)
+            cluster("start-node", BROKER)
             sentinels("restart-old")
 
-    await asyncio.to_thread(pipe.start)
+    pipe.start()
     try:
-        acc = await asyncio.to_thread(run_with_fault, pipe, kafka, fault)
+        acc = run_with_fault(pipe, cluster_kafka, fault)
         assert_exact(acc, pipe)
         assert acc.found["samples"] == SESSIONS * (TURNS - 1) + len(acc.recorded_unanswered)
     finally:
-        await asyncio.to_thread(pipe.stop)
+        pipe.stop()
         if not restarted:
-            await asyncio.to_thread(sentinels, "restart-old")
+            cluster("start-node", BROKER)
+            sentinels("restart-old")
