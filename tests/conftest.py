@@ -181,17 +181,22 @@ def proxy_env(
     kafka: KafkaConfig, redis_config: RedisConfig, engine: EngineProcess, tmp_path: Path
 ) -> dict[str, str]:
     """What ``turnstream proxy`` needs to serve from the CPU engine and record into the test's namespace."""
-    return proxy_settings(kafka, redis_config, engine.url, tmp_path)
+    return proxy_settings(kafka, redis_config, engine, tmp_path)
 
 
-def proxy_settings(kafka: KafkaConfig, redis: RedisConfig, engine_url: str, folder: Path) -> dict[str, str]:
-    """``proxy_env`` for any namespace, Redis prefix, engine and folder (for its spool and weights)."""
+def proxy_settings(kafka: KafkaConfig, redis: RedisConfig, engine: Any, folder: Path) -> dict[str, str]:
+    """``proxy_env`` for any namespace, Redis prefix, engine (a test server: tests/engines.py) and folder (for its
+    spool and weights). The engine's admin key goes along: the proxy's reloader pauses, loads and continues it."""
+    keyed = (
+        {"TURNSTREAM_ENGINE_ADMIN_API_KEY": engine.admin_key} if getattr(engine, "admin_key", None) else {}
+    )
     return {
+        **keyed,
         "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
         "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
         "TURNSTREAM_REDIS_URL": redis.url,
         "TURNSTREAM_REDIS_KEY_PREFIX": redis.key_prefix,
-        "TURNSTREAM_ENGINE_URL": engine_url,
+        "TURNSTREAM_ENGINE_URL": engine.url,
         "TURNSTREAM_PROXY_SPOOL_DIR": str(folder / "spool"),
         "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(folder / "weights"),
     }

@@ -1,20 +1,26 @@
 """The real SGLang servers of a test run: which there are, when each starts, how many run at once.
 
 An SGLang start costs about 70 s and 90 CPU-seconds on this machine (three processes importing torch and SGLang),
-and a running server about 3.6 GB (its weights, its KV cache, and those three processes). So:
+and a running server about 3.6 GB (its weights, its KV cache, and those three processes). So a run has as few
+configurations as the tests allow, each started once:
 
-- The shared server (``engine``: SmolLM2, no keys, 16,384 tokens of KV cache for the clients' long prompts)
-  starts as soon as collection shows that a selected test needs it, and serves the whole run. ``own_engine`` lends
-  it to a module that changes its weights or restarts it, and gives it back at version 0.
-- Every other configuration (``MODULE_ENGINES``: LoRA with keys, a second replica, a second LoRA replica, the
-  reasoning parser) is one module's own, started ``LEAD_MODULES`` modules ahead of its first use so that its
-  start-up overlaps other tests, and stopped with that module. These need short prompts only: 4,096 tokens of KV.
+- ``shared``: SmolLM2 with LoRA on and an admin key (``turnstream engine --lora``, as the one-GPU LoRA recipe runs
+  it; requests naming no adapter get the base model, and full-weight updates work beside adapters), 16,384 tokens of
+  KV cache for the clients' long prompts. It starts as soon as collection shows that a selected test needs it, and
+  serves the whole run: ``engine`` uses it as it is; ``own_engine`` and ``lora_engine`` lend it to a module that
+  changes its weights or loads adapters on it (or restarts it), and give it back as the next module expects it:
+  version 0, no adapter.
+- ``second``: the same configuration with 4,096 tokens of KV, the second replica of the replica tests (full
+  weights and adapters); ``reasoning``: SmolLM2 behind the qwen3 reasoning parser. Each starts ``LEAD_MODULES``
+  modules ahead of its first use, so that its start-up overlaps other tests, is lent to each module that uses it
+  (``second_engine``, ``reasoning_engine``) and stops after its last use.
 - At most ``MAX_ALIVE`` servers run at once (``TURNSTREAM_TEST_MAX_ENGINES``): a start ahead waits for room.
   Beside them runs the other lane (tests/lanes.py) and, at times, a three-broker Kafka; 24 GB holds no more.
 - A test that starts servers of its own (marked ``starts_engines(n)``: ``turnstream run`` starts two) runs last,
   and the shared server is stopped before it when no test after it needs it.
 
-The bill at the end of the run (tests/report.py) counts the starts.
+A restart on purpose (a test that kills a server) is the only other start. The bill at the end of the run
+(tests/report.py) counts them all.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import IO
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -33,19 +39,37 @@ from services.engine.launch import EngineProcess
 
 MAX_ALIVE = int(os.environ.get("TURNSTREAM_TEST_MAX_ENGINES", "3"))
 LEAD_MODULES = 3
-SHORT_KV = ("--max-total-tokens", "4096")
 LORA_ENV = {"TURNSTREAM_TRAINER_LORA_ENABLED": "true"}
+ADMIN_KEY = "test-engine-admin-key-0123456789"
 ENGINE_KEYS = {
     "TURNSTREAM_ENGINE_API_KEY": "test-engine-api-key-0123456789",
-    "TURNSTREAM_ENGINE_ADMIN_API_KEY": "test-engine-admin-key-0123456789",
+    "TURNSTREAM_ENGINE_ADMIN_API_KEY": ADMIN_KEY,
 }
-"""The LoRA engines' keys (``--api-key``, ``--admin-api-key``): their tests drive them as turnstream's own clients
-do."""
+"""What a proxy (or any client of turnstream's) is given to drive the servers: the admin key is the servers' own
+(``--admin-api-key``: weight updates, pauses, adapters need it); the API key they do not check (no ``--api-key``,
+so that every test may ask them directly) and a client sends harmlessly. turnstream run's test covers a server that
+checks both."""
+
+
+class Server(EngineProcess):
+    """A test server: ``turnstream engine`` with its admin key known (None: the server has none)."""
+
+    def __init__(
+        self, name: str, *flags: str, admin_key: str | None = None, env: dict[str, str] | None = None
+    ):
+        self.admin_key = admin_key
+        keyed = {"TURNSTREAM_ENGINE_ADMIN_API_KEY": admin_key} if admin_key else {}
+        super().__init__(
+            fetch_smollm2(log=False), *flags, log=_log(name), env={**(env or {}), **keyed}, wait=False
+        )
 
 
 class RunningEngine:
     """An SGLang server someone else started (``TURNSTREAM_TEST_ENGINE_URL``): a developer's warm engine, so a
-    rerun does not wait a minute and a half for start-up. It must serve SmolLM2 at version 0, unmodified."""
+    rerun does not wait a minute and a half for start-up. It must be configured as ``shared`` is (SmolLM2 at
+    version 0, ``turnstream engine --lora`` with ``TURNSTREAM_ENGINE_ADMIN_API_KEY`` set to ``ADMIN_KEY``)."""
+
+    admin_key = ADMIN_KEY
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -54,44 +78,50 @@ class RunningEngine:
         return None
 
 
+def admin(server: Server | RunningEngine) -> dict[str, str]:
+    """The header that unlocks a server's admin routes."""
+    return {"Authorization": f"Bearer {server.admin_key}"} if server.admin_key else {}
+
+
 def _log(name: str) -> IO[str]:
     return open(os.path.join(tempfile.gettempdir(), f"turnstream-test-{name}.log"), "w")
 
 
-def _server(name: str, *flags: str, env: dict[str, str] | None = None) -> Callable[[], EngineProcess]:
-    return lambda: EngineProcess(fetch_smollm2(log=False), *flags, log=_log(name), env=env, wait=False)
-
-
-SHARED = _server("engine")
-MODULE_ENGINES: dict[str, Callable[[], EngineProcess]] = {
-    "lora_engine": _server("lora-engine", "--lora", *SHORT_KV, env={**LORA_ENV, **ENGINE_KEYS}),
-    "reasoning_engine": _server("reasoning-engine", "--reasoning-parser", "qwen3", *SHORT_KV),
-    "second_engine": _server("second-engine", *SHORT_KV),
-    "second_lora_engine": _server("second-lora-engine", "--lora", *SHORT_KV, env={**LORA_ENV, **ENGINE_KEYS}),
+CONFIGS: dict[str, Callable[[], Server]] = {
+    "shared": lambda: Server("engine", "--lora", admin_key=ADMIN_KEY, env=LORA_ENV),
+    "second": lambda: Server(
+        "second-engine", "--lora", "--max-total-tokens", "4096", admin_key=ADMIN_KEY, env=LORA_ENV
+    ),
+    "reasoning": lambda: Server(
+        "reasoning-engine", "--reasoning-parser", "qwen3", "--max-total-tokens", "4096"
+    ),
 }
-"""The SGLang servers of one test module each (``module_engine``)."""
+USERS = {"engine": "shared", "own_engine": "shared", "lora_engine": "shared"}
+USERS |= {"second_engine": "second", "reasoning_engine": "reasoning"}
+"""Each fixture that hands out a server, and the configuration it hands out."""
+AHEAD = ("second", "reasoning")
+"""The configurations started ahead of their first use and stopped after their last."""
 
 
+@dataclass
 class Servers:
-    """This process's servers: the shared one, those started ahead, and every one alive."""
+    """This process's servers, and the plan of when each starts and stops."""
 
-    def __init__(self) -> None:
-        self.shared: EngineProcess | None = None
-        self.early: dict[str, EngineProcess] = {}
-        self.alive: list[EngineProcess] = []
-        self.start_before: dict[str, list[str]] = {}
-        self.due: list[str] = []
-        self.items: list[pytest.Item] = []
+    started: dict[str, Server] = field(default_factory=dict)
+    first_module: dict[str, str] = field(default_factory=dict)
+    last_item: dict[str, str] = field(default_factory=dict)
+    due: list[str] = field(default_factory=list)
+    items: list[pytest.Item] = field(default_factory=list)
 
-    def start(self, factory: Callable[[], EngineProcess]) -> EngineProcess:
-        proc = factory()
-        self.alive.append(proc)
-        return proc
+    def start(self, config: str) -> Server:
+        if config not in self.started:
+            self.started[config] = CONFIGS[config]()
+        return self.started[config]
 
-    def stop(self, proc: EngineProcess) -> None:
-        proc.stop()
-        if proc in self.alive:
-            self.alive.remove(proc)
+    def stop(self, config: str) -> None:
+        server = self.started.pop(config, None)
+        if server is not None:
+            server.stop()
 
 
 SERVERS = Servers()
@@ -108,6 +138,10 @@ def _starts(item: pytest.Item) -> int:
     return int(marker.args[0]) if marker else 0
 
 
+def _configs(item: pytest.Item) -> set[str]:
+    return {USERS[f] for f in getattr(item, "fixturenames", ()) if f in USERS}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that start servers of their own go last (stable), when the shared one can be stopped first."""
@@ -115,93 +149,124 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the shared server as soon as the selected tests (this lane's) are known to need it, and plan when
-    each module server starts."""
+    """Start the shared server as soon as the selected tests (this lane's) are known to need it; plan when each
+    other server starts (``LEAD_MODULES`` ahead of its first use) and stops (after its last)."""
     if session.config.option.collectonly:
         return
     SERVERS.items = list(session.items)
-    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
-    if "engine" in wanted and not os.environ.get("TURNSTREAM_TEST_ENGINE_URL"):
-        SERVERS.shared = SERVERS.start(SHARED)
     modules = list(dict.fromkeys(item.nodeid.split("::")[0] for item in session.items))
-    first_use: dict[str, int] = {}
     for item in session.items:
-        for name in MODULE_ENGINES.keys() & set(getattr(item, "fixturenames", ())):
-            first_use.setdefault(name, modules.index(item.nodeid.split("::")[0]))
-    for name, used in sorted(first_use.items(), key=lambda kv: kv[1]):
-        SERVERS.start_before.setdefault(modules[max(0, used - LEAD_MODULES)], []).append(name)
+        module = modules.index(item.nodeid.split("::")[0])
+        for config in _configs(item) & set(AHEAD):
+            SERVERS.first_module.setdefault(config, modules[max(0, module - LEAD_MODULES)])
+            SERVERS.last_item[config] = item.nodeid
+    if any("shared" in _configs(i) for i in session.items) and not os.environ.get(
+        "TURNSTREAM_TEST_ENGINE_URL"
+    ):
+        SERVERS.start("shared")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Start the module server that is due, one ahead at a time and only while there is room; before a test that
-    starts its own, stop the shared one if nothing after it needs it."""
-    SERVERS.due.extend(SERVERS.start_before.pop(item.nodeid.split("::")[0], []))
-    if SERVERS.due and not SERVERS.early and len(SERVERS.alive) < MAX_ALIVE:
-        name = SERVERS.due.pop(0)
-        SERVERS.early[name] = SERVERS.start(MODULE_ENGINES[name])
-    if _starts(item) and SERVERS.shared is not None and item in SERVERS.items:
+    """Start a server that is due, while there is room; before a test that starts its own, stop the shared one if
+    nothing after it needs it."""
+    module = item.nodeid.split("::")[0]
+    SERVERS.due += [c for c, m in SERVERS.first_module.items() if m == module and c not in SERVERS.due]
+    while SERVERS.due and len(SERVERS.started) < MAX_ALIVE:
+        SERVERS.start(SERVERS.due.pop(0))
+    if _starts(item) and "shared" in SERVERS.started and item in SERVERS.items:
         later = SERVERS.items[SERVERS.items.index(item) + 1 :]
-        if not any("engine" in getattr(i, "fixturenames", ()) for i in later):
-            SERVERS.stop(SERVERS.shared)
+        if not any("shared" in _configs(i) for i in later):
+            SERVERS.stop("shared")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """After a server's last test (and its module's fixtures) is done, it stops: its memory for the next."""
+    try:
+        return (yield)
+    finally:
+        for config, last in SERVERS.last_item.items():
+            if last == item.nodeid:
+                SERVERS.stop(config)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    for proc in list(SERVERS.alive):  # the shared one, and any started ahead that no test came to use
-        SERVERS.stop(proc)
+    for config in list(SERVERS.started):  # the shared one, and any that no test came to use
+        SERVERS.stop(config)
 
 
-def module_engine(name: str) -> Iterator[EngineProcess]:
-    """A module fixture's own SGLang server (``MODULE_ENGINES``): the one started ahead, else started now."""
-    if name in SERVERS.due:
-        SERVERS.due.remove(name)
-    proc = SERVERS.early.pop(name, None) or SERVERS.start(MODULE_ENGINES[name])
-    try:
-        proc.wait_ready(proc.ready_path)
-        yield proc
-    finally:
-        SERVERS.stop(proc)
-
-
-@pytest.fixture(scope="session")
-def engine() -> Iterator[EngineProcess | RunningEngine]:
-    """The shared real SGLang server (SmolLM2) for the tests that do not change its weights (see above)."""
-    if url := os.environ.get("TURNSTREAM_TEST_ENGINE_URL"):
-        yield RunningEngine(url)
-        return
-    if SERVERS.shared is None:
-        SERVERS.shared = SERVERS.start(SHARED)
-    SERVERS.shared.wait_ready(SERVERS.shared.ready_path)
-    yield SERVERS.shared
-
-
-@pytest.fixture(scope="module")
-def lora_engine() -> Iterator[EngineProcess]:
-    """A real SGLang server (SmolLM2) started with --enable-lora and keys (``turnstream engine --lora``), for the
-    tests of adapters."""
-    yield from module_engine("lora_engine")
-
-
-@pytest.fixture(scope="module")
-def own_engine(
-    engine: EngineProcess | RunningEngine, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EngineProcess]:
-    """An SGLang server whose weights these tests may change and which they restart: the shared one when this
-    run started it (a start costs 70-100 s of the two cores), given back afterwards as the other tests expect it
-    (the starting weights, version 0); else one of the module's own."""
-    if isinstance(engine, EngineProcess):
-        yield engine
+def restore(server: Server | RunningEngine) -> None:
+    """Back as the next module expects it: the starting weights (version 0), no adapter loaded."""
+    info = httpx.get(server.url + "/model_info", timeout=30).json()
+    if info["weight_version"] != "0":
         back = httpx.post(
-            engine.url + "/update_weights_from_disk",
-            json={"model_path": str(smollm2_path), "weight_version": "0"},
+            server.url + "/update_weights_from_disk",
+            json={"model_path": str(fetch_smollm2(log=False)), "weight_version": "0"},
+            headers=admin(server),
             timeout=600,
         )
         assert back.status_code == 200, back.text
-        assert httpx.get(engine.url + "/model_info", timeout=30).json()["weight_version"] == "0"
+    for model in httpx.get(server.url + "/v1/models", timeout=30).json()["data"]:
+        if model.get("parent"):
+            gone = httpx.post(
+                server.url + "/unload_lora_adapter", json={"lora_name": model["id"]}, headers=admin(server)
+            )
+            assert gone.status_code == 200, gone.text
+    assert httpx.get(server.url + "/model_info", timeout=30).json()["weight_version"] == "0"
+
+
+def lend(config: str) -> Iterator[Server]:
+    """A module's use of a server: started (or started now), answering, and given back restored."""
+    server = SERVERS.start(config)
+    if config in SERVERS.due:
+        SERVERS.due.remove(config)
+    server.wait_ready(server.ready_path)
+    yield server
+    if server.proc.poll() is None:  # a test that killed it for good leaves nothing to restore
+        restore(server)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Server | RunningEngine]:
+    """The shared real SGLang server, for tests that neither change its weights nor load adapters on it."""
+    if url := os.environ.get("TURNSTREAM_TEST_ENGINE_URL"):
+        yield RunningEngine(url)
         return
-    log = open(tmp_path_factory.mktemp("reload-engine") / "engine.log", "w")
-    proc = SERVERS.start(lambda: EngineProcess(smollm2_path, log=log))
+    server = SERVERS.start("shared")
+    server.wait_ready(server.ready_path)
+    yield server
+
+
+@pytest.fixture(scope="module")
+def own_engine(engine: Server | RunningEngine) -> Iterator[Server]:
+    """The shared server for a module that changes its weights or restarts it; given back at version 0. (Beside a
+    developer's running engine, which cannot be restarted from here, a server of the module's own.)"""
+    if isinstance(engine, Server):
+        yield engine
+        restore(engine)
+        return
+    server = CONFIGS["shared"]()
     try:
-        yield proc
+        server.wait_ready(server.ready_path)
+        yield server
     finally:
-        SERVERS.stop(proc)
-        log.close()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def lora_engine(engine: Server | RunningEngine) -> Iterator[Server | RunningEngine]:
+    """The shared server for a module that loads adapters on it; given back with none loaded."""
+    yield engine
+    restore(engine)
+
+
+@pytest.fixture(scope="module")
+def second_engine() -> Iterator[Server]:
+    """A second policy replica, configured as the shared one (the replica tests, full weights and adapters)."""
+    yield from lend("second")
+
+
+@pytest.fixture(scope="module")
+def reasoning_engine() -> Iterator[Server]:
+    """SmolLM2 behind SGLang's qwen3 reasoning parser."""
+    yield from lend("reasoning")

@@ -19,10 +19,10 @@ import os
 
 import pytest
 
-from tests.engines import MODULE_ENGINES
+from tests.engines import USERS
 from tests.infra import Service, start_kafka, start_redis
 
-ENGINE_FIXTURES = frozenset({"engine", "own_engine", *MODULE_ENGINES})
+ENGINE_FIXTURES = frozenset(USERS)
 LANES = ("engines", "cpu")
 _services: list[Service] = []
 

@@ -181,7 +181,7 @@ async def ran(
     await create_topics(kafka, partitions=TEST_PARTITIONS)
     redis = RedisConfig(url=redis_service.address, key_prefix=f"test-{uuid.uuid4().hex[:12]}:")
     root = tmp_path_factory.mktemp("clients")
-    env = proxy_settings(kafka, redis, engine.url, root)
+    env = proxy_settings(kafka, redis, engine, root)
     # Codex and opencode set no answer length: on the CPU a rambling answer would take minutes.
     capped = {"TURNSTREAM_PROXY_DEFAULT_MAX_TOKENS": "96"}
     proxies = {c: ProxyProcess({**env, **({} if c == "openclaw" else capped)}) for c in CLIENTS}

@@ -20,6 +20,7 @@ from schemas.topics import EVALS
 from services.engine.launch import EngineProcess
 from services.eval.heldout import judged, question_set_id
 from services.eval.worker import run_eval
+from tests.engines import admin
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +71,7 @@ async def test_one_result_per_served_version_scored_by_the_personas(
             loaded = await http.post(
                 own_engine.url + "/update_weights_from_disk",
                 json={"model_path": str(smollm2_path), "weight_version": "1"},
+                headers=admin(own_engine),
             )
             assert loaded.status_code == 200, loaded.text
         both = await wait_for(kafka, [0, 1])

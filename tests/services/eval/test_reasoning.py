@@ -5,10 +5,7 @@ reading ``content`` scored empty answers for every version. Against a real SGLan
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
 
 from runtime.engine.client import EngineClient
 from runtime.pipeline.personas import by_name
@@ -16,15 +13,8 @@ from services.engine.launch import EngineProcess
 from services.eval import asking
 from services.eval.set_runner import engine_asker
 from services.eval.worker import Evaluator
-from tests.engines import module_engine
 
 QUESTION = "Name three colours."
-
-
-@pytest.fixture(scope="module")
-def reasoning_engine() -> Iterator[EngineProcess]:
-    """SmolLM2 behind SGLang's qwen3 reasoning parser (started ahead: tests/engines.py's MODULE_ENGINES)."""
-    yield from module_engine("reasoning_engine")
 
 
 async def test_eval_answers_behind_a_reasoning_parser_are_the_models_answers(

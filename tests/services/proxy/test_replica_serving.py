@@ -36,19 +36,12 @@ from schemas.topics import EVALS, VERSIONS
 from services.engine.launch import EngineProcess
 from services.eval.worker import run_eval
 from services.gate.worker import run_gate
-from tests.engines import module_engine
+from tests.engines import admin
 from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, spread_sessions, wait_for_turns
 from tests.services.proxy.test_reload import engine_version, publish
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def second_engine() -> Iterator[EngineProcess]:
-    """A second policy server of the module's own: the one these tests kill and restart (started ahead:
-    tests/engines.py's MODULE_ENGINES)."""
-    yield from module_engine("second_engine")
 
 
 @pytest.fixture
@@ -197,6 +190,7 @@ async def test_under_the_gate_both_replicas_serve_the_candidate_the_eval_checks_
         back = httpx.post(
             engine.url + "/update_weights_from_disk",
             json={"model_path": str(smollm2_path), "weight_version": "0"},
+            headers=admin(engine),
             timeout=600,
         )
         assert back.status_code == 200, back.text
