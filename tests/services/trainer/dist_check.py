@@ -195,26 +195,31 @@ def run(
 
 
 def main() -> None:
-    model, tp, pp, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
-    lora = sys.argv[5:] == ["lora"]
+    """``dist_check.py MODEL OUT SPEC...``, each SPEC ``tp,pp`` or ``tp,pp,lora``: one launch trains every layout
+    in turn (a torchrun start, two ranks importing torch and Megatron, costs more than a layout's training), each
+    written to ``OUT.<i>``. Between layouts only Megatron's groups are rebuilt; the process group stays."""
+    from megatron.core import parallel_state
+
+    from services.trainer.collective import barrier
+
+    model, out, specs = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     torch.set_num_threads(1)
-    layout = ParallelLayout.from_env(tp, pp)
-    result = run(model, tp, pp, layout, lora=lora)
-    lay = result["layout"]
-    if lay.rank == 0:
-        torch.save(
-            {
-                "stats": [msgspec.to_builtins(s) for s in result["stats"]],
-                **{
-                    k: result[k]
-                    for k in ("weights", "unshard_reference", "continued_weights", "resumed_weights")
-                },
-            },
-            out,
-        )
-    if lay.last_stage and lay.tp_rank == 0 and lay.dp_rank == 0:
-        torch.save(result["logprobs"], f"{out}.logprobs")
-    shutdown_parallel(lay)
+    lay = None
+    for i, spec in enumerate(specs):
+        tp, pp, *flags = spec.split(",")
+        layout = ParallelLayout.from_env(int(tp), int(pp))
+        result = run(model, int(tp), int(pp), layout, lora=flags == ["lora"])
+        lay = result["layout"]
+        if lay.rank == 0:
+            keys = ("weights", "unshard_reference", "continued_weights", "resumed_weights")
+            stats = [msgspec.to_builtins(s) for s in result["stats"]]
+            torch.save({"stats": stats, **{k: result[k] for k in keys}}, f"{out}.{i}")
+        if lay.last_stage and lay.tp_rank == 0 and lay.dp_rank == 0:
+            torch.save(result["logprobs"], f"{out}.{i}.logprobs")
+        barrier(lay)  # every rank done with this layout's groups before they go
+        parallel_state.destroy_model_parallel()
+    if lay is not None:
+        shutdown_parallel(lay)
 
 
 if __name__ == "__main__":

@@ -59,18 +59,33 @@ def baseline(model: Path) -> dict[str, Any]:
     return result
 
 
-def torchrun(model: Path, tp: int, pp: int, nproc: int, out: Path, *extra: str) -> dict[str, Any]:
+LAYOUTS = {"tp2": "2,1", "pp2": "1,2", "dp2": "1,1", "lora-tp2": "2,1,lora"}
+"""Each layout's spec for dist_check.py (two processes each: TP 2, PP 2, DP 2, and LoRA under TP 2)."""
+
+
+def torchrun(model: Path, out: Path, specs: list[str]) -> list[dict[str, Any]]:
+    """dist_check.py under torchrun with two processes, every layout of ``specs`` in one launch."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("MASTER_PORT", None)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
-        str(ROOT / "tests/services/trainer/dist_check.py"), str(model), str(tp), str(pp), str(out), *extra,
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
+        str(ROOT / "tests/services/trainer/dist_check.py"), str(model), str(out), *specs,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    result = torch.load(out, weights_only=False)
-    result["logprobs"] = torch.load(f"{out}.logprobs", weights_only=False)
-    return result
+    results = []
+    for i in range(len(specs)):
+        result = torch.load(f"{out}.{i}", weights_only=False)
+        result["logprobs"] = torch.load(f"{out}.{i}.logprobs", weights_only=False)
+        results.append(result)
+    return results
+
+
+@pytest.fixture(scope="module")
+def trained_apart(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every layout's result, from one torchrun launch."""
+    out = tmp_path_factory.mktemp("dist") / "result.pt"
+    return dict(zip(LAYOUTS, torchrun(model, out, list(LAYOUTS.values())), strict=True))
 
 
 def assert_matches(got: dict[str, Any], want: dict[str, Any], lr: float = 1e-4) -> None:
@@ -111,15 +126,16 @@ def assert_matches(got: dict[str, Any], want: dict[str, Any], lr: float = 1e-4) 
     assert any(not torch.equal(got["continued_weights"][k], w) for k, w in got["weights"].items())
 
 
-@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2), (1, 1)], ids=["tp2", "pp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
 def test_two_processes_train_like_one(
-    model: Path, baseline: dict[str, Any], tmp_path: Path, tp: int, pp: int
+    layout: str, baseline: dict[str, Any], trained_apart: dict[str, dict[str, Any]]
 ) -> None:
-    got = torchrun(model, tp, pp, 2, tmp_path / "result.pt")
-    assert_matches(got, baseline)
+    assert_matches(trained_apart[layout], baseline)
 
 
-def test_lora_over_two_tensor_parallel_processes_trains_like_one(model: Path, tmp_path: Path) -> None:
+def test_lora_over_two_tensor_parallel_processes_trains_like_one(
+    model: Path, trained_apart: dict[str, dict[str, Any]]
+) -> None:
     """LoRA under TP 2 (the adapters split as their layers are, A's product made whole across the group): the
     same log-probs, losses, gradient norm and adapter after two steps as one process, the adapter gathered to
     rank 0 as its pickled shards join, and an exact resume from each rank's adapter-only state."""
@@ -128,8 +144,7 @@ def test_lora_over_two_tensor_parallel_processes_trains_like_one(model: Path, tm
     want["stats"] = [msgspec.to_builtins(s) for s in want["stats"]]
     assert all(k.startswith("base_model.model.") for k in want["weights"])  # the export is the adapter
     assert any(k.endswith("lora_B.weight") and w.abs().max() > 1e-4 for k, w in want["weights"].items())
-    got = torchrun(model, 2, 1, 2, tmp_path / "result.pt", "lora")
-    assert_matches(got, want)
+    assert_matches(trained_apart["lora-tp2"], want)
 
 
 def torchrun_trainer(env: dict[str, str], log: Path) -> None:
