@@ -217,4 +217,4 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"SGLang servers started: {len(bill['engine_starts'])} ({restarts} of them restarts on a port used before)"
     )
     for name, c in sorted(bill["engines"].items()):
-        write(f"  {name}: {c['starts']} start(s), {c['restarts']} restart(s)")
+        write(f"  {name}: started on {c['starts']} port(s), {c['restarts']} restart(s)")
