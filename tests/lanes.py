@@ -16,6 +16,7 @@ marked ``starts_engines`` (it starts SGLang itself, as ``turnstream run`` does: 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,33 @@ def pytest_configure(config: pytest.Config) -> None:
         service = start()
         _services.append(service)
         os.environ[variable] = service.address
+
+
+_collected: dict[str, int] = {}
+_session: list[pytest.Session] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _session[:] = [session]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """In the controller: count each lane's tests (xdist takes the last worker's count as the run's, which made
+    the progress read 473%)."""
+    _collected[node.gateway.id] = len(ids)
+    reporter = _session[0].config.pluginmanager.get_plugin("terminalreporter") if _session else None
+    if reporter is not None and len(_collected) == len(LANES):
+        counts = ", ".join(
+            f"{LANES[int(w.removeprefix('gw')) % len(LANES)]} {n}" for w, n in sorted(_collected.items())
+        )
+        reporter.write_line(f"lanes: {counts} tests (xdist's count below is one worker's)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _collected and _session and _worker(_session[0].config) is None:
+        _session[0].testscollected = sum(_collected.values())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

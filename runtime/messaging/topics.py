@@ -96,13 +96,7 @@ _TOPIC_CONFIG = 1
 async def _set_retention(admin: AIOKafkaAdminClient, state: TopicState, retention_ms: int) -> None:
     """Give an existing topic ``retention_ms``. Kafka's AlterConfigs (the only kind aiokafka sends) replaces every
     value set on the topic, so the values set there now go with it unchanged."""
-    resource = ConfigResource(ConfigResourceType.TOPIC, state.name)
-    (resp,) = await admin.describe_configs([resource])
-    current: dict[str, str] = {}
-    for res in resp.resources:
-        for entry in res[4]:  # (name, value, read_only, config_source, is_sensitive, ...)
-            if entry[3] == _TOPIC_CONFIG and entry[1] is not None:
-                current[entry[0]] = entry[1]
+    current = await _topic_configs(admin, state.name)
     if current.get("retention.ms") == str(retention_ms):
         return
     wanted = {**current, "retention.ms": str(retention_ms)}
@@ -110,8 +104,33 @@ async def _set_retention(admin: AIOKafkaAdminClient, state: TopicState, retentio
     for res in altered.resources:
         if res[0] != 0:  # (error_code, error_message, resource_type, resource_name)
             raise RuntimeError(f"setting retention.ms of {state.name} failed: Kafka error {res[0]} {res[1]}")
+    await _wait_config(admin, state.name, "retention.ms", str(retention_ms))
     state.status = "updated"
     state.configs = {"retention.ms": str(retention_ms)}
+
+
+async def _topic_configs(admin: AIOKafkaAdminClient, name: str) -> dict[str, str]:
+    """The values set on the topic itself (not the broker's defaults)."""
+    (resp,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+    current: dict[str, str] = {}
+    for res in resp.resources:
+        for entry in res[4]:  # (name, value, read_only, config_source, is_sensitive, ...)
+            if entry[3] == _TOPIC_CONFIG and entry[1] is not None:
+                current[entry[0]] = entry[1]
+    return current
+
+
+async def _wait_config(
+    admin: AIOKafkaAdminClient, name: str, key: str, value: str, timeout_s: float = 30.0
+) -> None:
+    """Until a broker describes the topic with ``key=value``. Under KRaft the controller acknowledges an
+    AlterConfigs once it is in the metadata log, before the broker answering DescribeConfigs has applied it: a
+    ``describe`` right after ``updated`` showed the old retention (seen once in CI)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (await _topic_configs(admin, name)).get(key) != value:
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"{name}: {key}={value} not visible after {timeout_s} s")
+        await asyncio.sleep(0.1)
 
 
 def _mark(states: list[TopicState], name: str, status: str) -> None:
