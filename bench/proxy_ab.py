@@ -1,4 +1,5 @@
-"""The proxy's CPU per request, this checkout against another git revision, side by side in one run. Prints JSON.
+"""The proxy's CPU per request and its client's p50, this checkout against another git revision, side by side in
+one run. Prints JSON.
 
     .venv/bin/python bench/proxy_ab.py [--base HEAD] [--rounds 6] [--requests 300] [--concurrency 1] [--stream]
     .venv/bin/python bench/proxy_ab.py --conversations 8 [--system-chars 7600] ...
@@ -132,6 +133,8 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             asyncio.run(load(url, 4, 100, False, lambda w, i, n=name: {"X-Session-Id": f"warm-{n}-{w}-{i}"}))
         per_request: dict[str, list[float]] = {"base": [], "work": []}
+        p50s: dict[str, list[float]] = {"base": [], "work": []}
+        """The client's median time per request in each round (the user's wait: the engine's 1 ms included)."""
         for rnd in range(args.rounds):
             for name, (proc, port) in procs.items():
                 path, body = API_REQUESTS[args.api if name == "work" else "chat"]
@@ -156,7 +159,10 @@ def main() -> None:
                         )
                     else:
                         headers = lambda w, i, r=rnd: {"X-Session-Id": f"r{r}-{w}-{i}"}  # noqa: E731
-                        asyncio.run(load(url, args.concurrency, args.requests, args.stream, headers, body))
+                        figures = asyncio.run(
+                            load(url, args.concurrency, args.requests, args.stream, headers, body)
+                        )
+                        p50s[name].append(figures["p50_ms"])
                     user1, sys1 = cpu_split(proc.pid)
                 finally:
                     for other in others:
@@ -188,10 +194,25 @@ def main() -> None:
                     for name, v in per_request.items()
                 },
                 "work_over_base": round(medians["work"] / medians["base"], 3),
+                **latency(p50s),
             },
             indent=2,
         )
     )
+
+
+def latency(p50s: dict[str, list[float]]) -> dict[str, Any]:
+    """The client's p50 per round and their medians (none for ``--conversations``, which times no request)."""
+    if not p50s["base"]:
+        return {}
+    medians = {name: statistics.median(v) for name, v in p50s.items()}
+    return {
+        "client_p50_ms": {
+            name: {"median": round(medians[name], 3), "rounds": [round(x, 3) for x in v]}
+            for name, v in p50s.items()
+        },
+        "p50_work_over_base": round(medians["work"] / medians["base"], 3),
+    }
 
 
 async def converse(url: str, concurrency: int, total: int, turns: int, system_chars: int, rnd: int) -> None:

@@ -36,7 +36,7 @@ from services.proxy.apis.messages import FIELDS as MESSAGES_FIELDS
 from services.proxy.apis.messages import MESSAGES, anthropic_error
 from services.proxy.apis.responses import FIELDS as RESPONSES_FIELDS
 from services.proxy.apis.responses import RESPONSES
-from services.proxy.asgi import ChatFirst, EventStream, ThenRecord, openai_error
+from services.proxy.asgi import ChatFirst, EventStream, RecordedFirst, openai_error
 from services.proxy.call import Call
 from services.proxy.continuity import SessionWatch, links
 from services.proxy.keys import ProxyKeys
@@ -407,7 +407,7 @@ class ChatProxy(SessionFlow, Recording):
             rendered = api.render(exchange, data)
             if not main:
                 return Response(rendered, media_type="application/json", headers=headers)
-            return ThenRecord(
+            return RecordedFirst(
                 rendered,
                 headers,
                 lambda: self.record_response(session, index, forward, data, created, replica, api.name),
@@ -422,8 +422,8 @@ class ChatProxy(SessionFlow, Recording):
         strip_response(payload, call.wants)
         if leased is not None:
             payload = with_version(payload, leased)
-        # The turn is built and recorded after the response has gone out: the user never waits for it.
-        return ThenRecord(
+        # The turn is spooled before the answer goes out (a page-cache write): a kill -9 that follows loses nothing.
+        return RecordedFirst(
             _json_encoder.encode(payload),
             headers,
             lambda: self.record_response(session, index, forward, data, created, replica),

@@ -1,5 +1,5 @@
-"""The proxy's ASGI pieces: OpenAI's error shape, a JSON response that records after it is sent, a streamed
-response cancelled by its client going away, and the short cut that sends chat requests past Starlette's
+"""The proxy's ASGI pieces: OpenAI's error shape, a JSON response that records its turn before it is sent, a
+streamed response cancelled by its client going away, and the short cut that sends chat requests past Starlette's
 router."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from services.proxy.per_key import give_back
+from services.proxy.turns import DROPPED
 
 log = logging.getLogger("turnstream.proxy")
 
@@ -30,17 +31,24 @@ def openai_error(
     )
 
 
-class ThenRecord(Response):
-    """A JSON response that runs ``after`` once its body is sent: the recording hook of a main turn, on the event
-    loop and without Starlette's BackgroundTask (which inspects the callable on every request)."""
+class RecordedFirst(Response):
+    """A main turn's JSON answer, recorded before its bytes go out: ``record`` hands the turn to the spool file (a
+    page-cache write, no fsync) on the event loop, so a proxy killed the moment its client has the answer has
+    spooled it (the turns that need work beside the answer, a re-score, a re-tokenization or a number Redis has not
+    given yet, are spooled when it ends: docs/proxy.md). Without Starlette's BackgroundTask, which inspects its
+    callable on every request."""
 
-    def __init__(self, content: bytes, headers: dict[str, str], after: Any) -> None:
+    def __init__(self, content: bytes, headers: dict[str, str], record: Callable[[], None]) -> None:
         super().__init__(content, media_type="application/json", headers=headers)
-        self._after = after
+        self._record = record
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            self._record()
+        except Exception:  # a bug in recording costs the turn (counted), never the user's answer
+            DROPPED.labels("internal_error").inc()
+            log.exception("recording a turn failed")
         await super().__call__(scope, receive, send)
-        self._after()
 
 
 class EventStream(StreamingResponse):
