@@ -72,7 +72,11 @@ class TurnTokens(msgspec.Struct, frozen=True):
 
 
 class ClaimPending(RuntimeError):
-    """Another dispatcher's claim on a turn is younger than the lease: retry the batch later."""
+    """Another dispatcher's claim on a turn is younger than the lease: retry the batch later. Transient, like an
+    unreachable broker: the lease always runs out, so the batch is retried until it does, never dead-lettered (a
+    dispatcher killed holding a claim cost its turn's sample after three tries: issue 54's note)."""
+
+    transient = True
 
 
 class Dispatcher:

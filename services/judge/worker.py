@@ -61,7 +61,10 @@ VoteParser = Callable[[str, str], tuple[int | None, str]]
 
 
 class JudgeUnavailable(RuntimeError):
-    pass
+    """The judge engine answered none of a record's calls: the infrastructure's fault, so the batch is retried until
+    the engine is back, never dead-lettered after the bus's few tries (a 10 s judge outage lost records so)."""
+
+    transient = True
 
 
 class Judge:

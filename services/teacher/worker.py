@@ -46,7 +46,10 @@ SCORE_SECONDS = Histogram(
 
 
 class TeacherUnavailable(RuntimeError):
-    pass
+    """The teacher engine answered none of a record's calls: the infrastructure's fault, so the batch is retried until
+    the engine is back, never dead-lettered after the bus's few tries (a 10 s judge outage lost records so)."""
+
+    transient = True
 
 
 class Teacher:

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from runtime.configuration.config import Config, KafkaConfig, RedisConfig
-from runtime.messaging.bus import EventProducer
+from runtime.messaging.bus import EventProducer, read_topic
 from schemas import Event, Sample
-from schemas.topics import SAMPLES
+from schemas.topics import DEADLETTER, SAMPLES
 from services.dispatcher.join import JoinStore
 from services.dispatcher.rules import decide
 from services.dispatcher.worker import run_dispatcher
@@ -167,6 +167,23 @@ async def test_incomplete_turn_is_dropped_after_the_timeout_and_never_emitted_la
     samples = await wait_for_samples(kafka, lambda s: True)
     assert [s.sample_id for s in samples] == [done.turn_id]
     assert metric("turnstream_dispatcher_drops_total", reason="timeout") == before + 1
+
+
+async def test_a_young_claim_of_a_dead_dispatcher_is_waited_out_not_dead_lettered(
+    kafka: KafkaConfig, redis_config: RedisConfig, redis_client: object
+) -> None:
+    """A dispatcher killed right after claiming a turn (the five-kill fault rig): its successor sees a claim younger
+    than the lease, retries until the lease runs out (longer than the bus's three tries and their back-off), then
+    finds no sample and emits it."""
+    lost = turn(1, "y")
+    store = JoinStore(redis_client, redis_config.key_prefix, join_ttl_s=3600, dedupe_ttl_s=3600)  # type: ignore[arg-type]
+    assert (await store.claim(lost.turn_id, "dead1dispatch", int(time.time() * 1000)))[0]
+    config = dispatcher_config(kafka, redis_config, mode="rl", claim_lease_s=8)
+    await publish(kafka, [eval_judgment(lost, 1)])
+    samples = await run_for(config, 1, timeout=40)
+    assert [s.sample_id for s in samples] == [lost.turn_id]
+    assert await store.decision(lost.turn_id) == "emitted"
+    assert [r.event async for r in read_topic(kafka, DEADLETTER)] == []
 
 
 async def test_stale_claims_of_a_dead_dispatcher_are_resolved_once(

@@ -157,7 +157,8 @@ async def test_engine_outage_holds_judging_until_the_engine_is_back(
     stop = asyncio.Event()
     task = asyncio.create_task(run_judge(config, install_signals=False, stop=stop))
     try:
-        await asyncio.sleep(5)  # several deadlines pass with nothing listening
+        # Longer than the bus's three tries and their back-off (then a record's own fault: dead-lettered).
+        await asyncio.sleep(10)
         assert not task.done()
         assert [r async for r in read_topic(kafka, JUDGMENTS)] == []
         stub_judge(port=port, latency_ms=1)
@@ -166,6 +167,7 @@ async def test_engine_outage_holds_judging_until_the_engine_is_back(
         stop.set()
         await asyncio.wait_for(task, 30)
     assert keys(found) == want
+    assert [r async for r in read_topic(kafka, DEADLETTER)] == []
     # Votes that failed as the engine came back may be recorded, but no judgment rests on outage alone.
     assert all(any(v.error is None for v in j.votes) for j in found)
 

@@ -15,11 +15,11 @@ import torch
 
 from runtime.configuration.config import Config, KafkaConfig, TeacherConfig
 from runtime.engine.client import EngineClient
-from runtime.messaging.bus import EventProducer, read_topic
+from runtime.messaging.bus import EventProducer, read_topic, transient
 from schemas import DeadLetter, Judgment, Message, PairedTurn, TeacherScores, Turn, Vote
 from schemas.topics import DEADLETTER, JUDGMENTS, TEACHER
 from services.engine.launch import EngineProcess
-from services.teacher.worker import run_teacher
+from services.teacher.worker import TeacherUnavailable, run_teacher
 from tests.kafka_wait import wait_for_events
 
 pytestmark = pytest.mark.integration
@@ -169,3 +169,10 @@ async def test_rejected_request_is_dead_lettered_and_the_rest_scored(
     assert (
         dead[0].source_topic == JUDGMENTS.name(kafka.namespace) and "outside the vocabulary" in dead[0].error
     )
+
+
+def test_an_unavailable_teacher_engine_holds_its_records_never_dead_letters_them() -> None:
+    """The bus retries a transient failure until it passes (tests/runtime/messaging/test_bus.py) and dead-letters
+    any other after three tries: an outage longer than three of the teacher's deadlines lost hints so (the judge's
+    outage test shows it end to end)."""
+    assert transient(TeacherUnavailable("teacher engine unavailable for 1 of 1 hints"))
