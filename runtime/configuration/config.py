@@ -232,7 +232,8 @@ class ProxyConfig(_Section):
     """The proxy's port (the OpenAI API at ``/v1``)."""
     api_key: str | None = None
     """When set (or ``keys_file``), clients must send ``Authorization: Bearer <key>`` for the API, ``/v1/models``
-    and ``/metrics`` (``/healthz`` is open). Without either the proxy starts only on a loopback address."""
+    and ``/metrics`` (``/healthz`` answers anyone, its details only with a key). Without either the proxy starts
+    only on a loopback address."""
     keys_file: str = ""
     """One key per user: lines ``<user id> <key>`` (keys of 16 characters or more; keep it 0600)."""
     served_model_name: str = "turnstream-policy"
@@ -253,6 +254,12 @@ class ProxyConfig(_Section):
     max_extra_bytes: PositiveInt = 64 * 1024
     """The most bytes a request may hold in fields SGLang's chat API does not read (``metadata``, a client's own
     extras): they are forwarded, and more is a 413 ``extra_fields_too_large`` naming the largest."""
+    media_url_prefixes: list[str] = msgspec.field(default_factory=list)
+    """Where images, video and audio in a request's content parts (``image_url``, ``video_url``, ``audio_url``;
+    the Responses and Messages APIs' images become those) may come from: a URL must start with one of these
+    (``https://images.example.com/``). Inline ``data:`` URIs are always taken; any other URL or path is a 400
+    ``media_url_not_allowed``: SGLang fetches ``http(s)://`` itself and reads ``file://`` and paths ending in an
+    image extension from its own disk, so a client could make it request internal addresses or read its files."""
     max_requests_per_key: PositiveInt = 256
     """Requests one key may have in flight at once (each holds a connection): more is a 429 with Retry-After, so
     one key holder cannot take every connection or the engine's whole queue."""

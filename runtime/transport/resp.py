@@ -47,6 +47,13 @@ class Replies(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.buffer = b""
+        self.parts: list[bytes] = []
+        """A bulk string still arriving: its pieces so far, joined once it is whole (``buffer`` is then empty).
+        Joining on every read instead copied the reply once per read: an 8 MB reply took 0.07 s, 64 MB 6.6 s
+        of the event loop (issue 55)."""
+        self.have = 0
+        self.need = 0
+        """Bytes in ``parts``, and how many the reply they begin needs."""
         self.lost = False
         self.can_skip: bool | None = None
         """Whether Redis accepts ``CLIENT REPLY`` (``PipelinedRedis.fire``); None: not asked yet."""
@@ -55,7 +62,14 @@ class Replies(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        buffer = self.buffer + data if self.buffer else data
+        if self.need:
+            self.parts.append(data)
+            self.have += len(data)
+            if self.have < self.need:
+                return
+            buffer, self.parts, self.have, self.need = b"".join(self.parts), [], 0, 0
+        else:
+            buffer = self.buffer + data if self.buffer else data
         start = 0
         while (end := buffer.find(b"\r\n", start)) >= 0:
             kind, line = buffer[start : start + 1], buffer[start + 1 : end]
@@ -65,7 +79,9 @@ class Replies(asyncio.Protocol):
             ):  # a bulk string: its length, then that many bytes and CRLF (which may not be here yet)
                 size = int(line)
                 if size >= 0 and len(buffer) < end + 2 + size + 2:
-                    break
+                    self.parts, self.have = [buffer[start:]], len(buffer) - start
+                    self.need, self.buffer = end + 2 + size + 2 - start, b""
+                    return
                 reply = None if size < 0 else buffer[end + 2 : end + 2 + size]
                 start = end + 2 + (size + 2 if size >= 0 else 0)
             elif kind == b":":
@@ -89,7 +105,7 @@ class Replies(asyncio.Protocol):
             if isinstance(reply, RedisReplyError):
                 future.set_exception(reply)
                 if line.startswith(b"READONLY"):  # a demoted master: the next call connects to the new one
-                    self.buffer = b""
+                    self.buffer, self.parts, self.have, self.need = b"", [], 0, 0
                     self._fail(ConnectionError("Redis answered READONLY: its master was demoted"))
                     return
             else:

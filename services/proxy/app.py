@@ -123,7 +123,12 @@ class ChatProxy(SessionFlow, Recording):
         self._state = state
         self.watch = SessionWatch()
         self.side_models = frozenset(self.pc.side_models)
-        self.body_limits = BodyLimits(self.pc.max_messages, self.pc.max_values, self.pc.max_extra_bytes)
+        self.body_limits = BodyLimits(
+            self.pc.max_messages,
+            self.pc.max_values,
+            self.pc.max_extra_bytes,
+            tuple(self.pc.media_url_prefixes),
+        )
         self.in_flight = PerKey(self.pc.max_requests_per_key)
         self.large_bodies = PerKey(self.pc.large_bodies_per_key)
 
@@ -197,7 +202,7 @@ class ChatProxy(SessionFlow, Recording):
                 side = api.side_call(body)
                 hint = api.session_hint(headers_in, body)
                 if exchange.previous_id is not None:
-                    hint = await self.carry(exchange, owner) or hint
+                    hint = await self.carry(exchange, owner, len(raw_body)) or hint
                 body = check_chat(exchange.body, self.body_limits)
             untagged = "side" if side or body.get("model") in self.side_models else self.pc.default_turn_type
             session = session_info(headers_in, body, untagged, hint)
@@ -403,7 +408,7 @@ class ChatProxy(SessionFlow, Recording):
         if api is not None:
             assert exchange is not None
             if exchange.store and (answer := _answer(data)) is not None:
-                await self.keep(exchange, call.owner, session if main else None, answer)
+                await self.keep(exchange, call.owner, session, answer)
             rendered = api.render(exchange, data)
             if not main:
                 return Response(rendered, media_type="application/json", headers=headers)
@@ -483,9 +488,12 @@ class ChatProxy(SessionFlow, Recording):
             return MESSAGES.error(failure.status, str(failure), failure.err_type, failure.code)
         return JSONResponse({"input_tokens": counted})
 
-    async def carry(self, exchange: Exchange, owner: str) -> str | None:
+    async def carry(self, exchange: Exchange, owner: str, own_bytes: int) -> str | None:
         """Put the stored conversation a request continues (``previous_response_id``) before its own messages;
-        the id the client knows its session by, if it had one. A 404 for an id this key never made."""
+        the id the client knows its session by, if it had one. A 404 for an id this key never made; a 400 when
+        the conversation and the request's own ``own_bytes`` are more than one request may carry, so a chain of
+        continuations can never store more than that (three chained 7.5 MiB requests stored 22.5 MiB under
+        one id, issue 55)."""
         stored = self.state.stored
         found = None
         if stored is not None:
@@ -503,7 +511,16 @@ class ChatProxy(SessionFlow, Recording):
                 f"Previous response with id '{exchange.previous_id}' not found.",
                 "previous_response_not_found",
             )
-        session, messages = found
+        if found.size + own_bytes > self.pc.max_body_bytes:
+            raise BadInput(
+                400,
+                f"the conversation of '{exchange.previous_id}' ({found.size} bytes) and this request "
+                f"({own_bytes} bytes) are more than one request may carry ({self.pc.max_body_bytes} bytes): start "
+                "a new conversation, or send a shorter one without previous_response_id",
+                "conversation_too_large",
+            )
+        session, messages = found.session, found.messages
+        exchange.carried_session = session
         own = exchange.body["messages"]
         lead = 1 if own and exchange.request.get("instructions") else 0
         exchange.body["messages"] = own[:lead] + messages + own[lead:]
@@ -511,18 +528,21 @@ class ChatProxy(SessionFlow, Recording):
         return shown_id(owner, session) if session is not None else None
 
     async def keep(
-        self, exchange: Exchange, owner: str, session: SessionInfo | None, answer: dict[str, Any]
+        self, exchange: Exchange, owner: str, session: SessionInfo, answer: dict[str, Any]
     ) -> None:
-        """Store the conversation this answer ends under its response id (``services/proxy/stored.py``)."""
+        """Store the conversation this answer ends under its response id (``services/proxy/stored.py``), with a
+        session: a main turn's own; a side turn's, the one of the conversation it continues (it copies it), else
+        the one it names. So it is sealed and erased with that session (issue 55 found side copies of sealed
+        conversations in the clear, out of ``forget``'s reach)."""
         stored = self.state.stored
         if stored is None:
             return
         messages = exchange.body["messages"]
         lead = 1 if messages and exchange.request.get("instructions") else 0
+        main = session.turn_type == "main"
+        sid = session.session_id if main else exchange.carried_session or session.session_id
         try:
-            await stored.keep(
-                exchange.id, owner, session.session_id if session else None, [*messages[lead:], _kept(answer)]
-            )
+            await stored.keep(exchange.id, owner, sid, [*messages[lead:], _kept(answer)])
         except Exception as exc:  # never the user's response: the continuation will be a 404
             log.warning("storing a response failed", extra={"error": repr(exc)})
 
@@ -621,9 +641,7 @@ class ChatProxy(SessionFlow, Recording):
                                 break
                             assert exchange is not None
                             if exchange.store:
-                                await self.keep(
-                                    exchange, owner, session if main else None, completion.answer()
-                                )
+                                await self.keep(exchange, owner, session, completion.answer())
                             out.append(events.end())
                             break
                         if not decode:
@@ -709,12 +727,16 @@ class ChatProxy(SessionFlow, Recording):
                 if len(tried) == len(self.state.replicas):
                     raise
 
-    async def healthz(self, _: Request) -> Response:
-        """Ok while some replica answers; each replica's state besides (``ready``: answering, on the version it
-        should serve)."""
+    async def healthz(self, request: Request) -> Response:
+        """Ok while some replica answers (the status is the probe's answer: no key needed); with a key (or none
+        configured), each replica's state besides (``ready``: answering, on the version it should serve). Without
+        one nothing internal: replica addresses, versions and the spool are not for whoever reaches the port."""
         replicas = self.state.replicas
         answers = await asyncio.gather(*(r.engine.health() for r in replicas))
         engine_ok = any(answers)
+        status = 200 if engine_ok else 503
+        if not self.authorized(request):
+            return JSONResponse({"status": "ok" if engine_ok else "degraded"}, status_code=status)
         body = {
             "status": "ok" if engine_ok else "degraded",
             "engine": engine_ok,
@@ -725,7 +747,7 @@ class ChatProxy(SessionFlow, Recording):
                 for r, ok in zip(replicas, answers, strict=True)
             },
         }
-        return JSONResponse(body, status_code=200 if engine_ok else 503)
+        return JSONResponse(body, status_code=status)
 
     async def metrics(self, request: Request) -> Response:
         """Behind the keys like the API (Prometheus without them reads ``metrics.port`` instead)."""

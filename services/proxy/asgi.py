@@ -123,14 +123,19 @@ class ChatFirst:
         """path -> (handler, the API's error for a bug in the proxy; None: OpenAI's)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        route = (
-            self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        )
-        if route is None:
-            await self.app(scope, receive, send)
-            return
-        handler, internal = route
+        # What a request took of its key's caps goes back here, once its response has ended, whichever way it was
+        # routed: the one place that gives back, so no route can keep what it took (count_tokens, served by the
+        # router, kept its in-flight slot: 256 calls locked its key out until a restart).
         try:
+            route = (
+                self.routes.get(scope["path"])
+                if scope["type"] == "http" and scope["method"] == "POST"
+                else None
+            )
+            if route is None:
+                await self.app(scope, receive, send)
+                return
+            handler, internal = route
             try:
                 response = await handler(Request(scope, receive))
             except Exception:
@@ -140,5 +145,5 @@ class ChatFirst:
                 else:
                     response = internal(500, "internal error in the proxy")
             await response(scope, receive, send)
-        finally:  # what the request took of its key's caps, once its response has ended
+        finally:
             give_back(scope)

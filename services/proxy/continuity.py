@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from runtime.pipeline.envelopes import (
     without_reminder,
 )
 from runtime.transport.resp import PipelinedRedis, RedisReplyError, command
+from services.proxy import inner_json
 
 log = logging.getLogger("turnstream.proxy")
 
@@ -97,7 +97,7 @@ def _arguments(raw: object) -> bytes:
     """Tool-call arguments as data: re-serialised JSON (other spacing, key order) is the same call."""
     if isinstance(raw, str):
         try:
-            return _sorted_json(json.loads(raw))
+            return _sorted_json(inner_json.loads(raw))
         except ValueError:
             return raw.encode()
     return _sorted_json(raw)

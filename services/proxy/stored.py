@@ -29,6 +29,14 @@ class Stored(msgspec.Struct, frozen=True):
     """The conversation after the instructions: what the next request continues."""
 
 
+class Found(msgspec.Struct, frozen=True):
+    session: str | None
+    """The session the conversation was stored under (None: a side conversation of no session)."""
+    messages: list[dict[str, Any]]
+    size: int
+    """Bytes of its stored record: what continuing it adds to a request."""
+
+
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Stored).decode
 
@@ -56,8 +64,8 @@ class ResponseStore:
             )
         )
 
-    async def load(self, response_id: str, owner: str) -> tuple[str | None, list[dict[str, Any]]] | None:
-        """(session, messages) of a stored response the ``owner`` made; None when there is none for them."""
+    async def load(self, response_id: str, owner: str) -> Found | None:
+        """A stored response the ``owner`` made; None when there is none for them."""
         value = await self.redis.send(command(b"GET", self.prefix + response_id.encode()))
         if not isinstance(value, bytes) or b" " not in value:
             return None
@@ -77,4 +85,4 @@ class ResponseStore:
             return None
         if stored.owner != owner:
             return None
-        return (None if sid == NO_SESSION else sid), stored.messages
+        return Found(None if sid == NO_SESSION else sid, stored.messages, len(value))

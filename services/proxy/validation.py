@@ -43,6 +43,8 @@ class BodyLimits(msgspec.Struct, frozen=True):
     max_messages: int = 10_000
     max_values: int = 200_000
     max_extra_bytes: int = 64 * 1024
+    media_url_prefixes: tuple[str, ...] = ()
+    """``proxy.media_url_prefixes``: where a content part's media may come from besides ``data:`` URIs."""
 
 
 PARSE_IN_THREAD_BYTES = 512 * 1024
@@ -229,6 +231,30 @@ def parse_chat(raw: bytes, limits: BodyLimits = DEFAULT_LIMITS, counted: bool = 
     return check_chat(parse_object(raw, limits, counted), limits)
 
 
+_MEDIA = ("image_url", "video_url", "audio_url")
+"""SGLang's content parts that name their media by URL: ``{"type": kind, kind: {"url": ...}}``."""
+
+
+def _check_media(parts: list[Any], at: int, prefixes: tuple[str, ...]) -> None:
+    """Media only inline or from ``prefixes`` (``proxy.media_url_prefixes``: why, there)."""
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or (kind := part.get("type")) not in _MEDIA:
+            continue
+        ref = part.get(kind)
+        url = ref.get("url") if isinstance(ref, dict) else None
+        if not isinstance(url, str):
+            raise BadInput(400, f"messages[{at}].content[{j}].{kind}.url must be a string")
+        if url.startswith("data:") or url.startswith(prefixes):
+            continue
+        allowed = ", ".join(prefixes) if prefixes else "none configured (proxy.media_url_prefixes)"
+        raise BadInput(
+            400,
+            f"messages[{at}].content[{j}]: media must be inline (a data: URI) or come from an allowed place "
+            f"({allowed}); {url[:80]!r} is neither",
+            "media_url_not_allowed",
+        )
+
+
 def check_chat(body: dict[str, Any], limits: BodyLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """A chat request the engine will take and the contract will record, or ``BadInput`` saying why not."""
     max_messages = limits.max_messages
@@ -244,6 +270,8 @@ def check_chat(body: dict[str, Any], limits: BodyLimits = DEFAULT_LIMITS) -> dic
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadInput(400, f"messages[{i}] must be an object with a string 'role'")
+        if isinstance(content := m.get("content"), list):
+            _check_media(content, i, limits.media_url_prefixes)
     try:  # the contract's own check (~2 us): a request it refuses would be served and never recorded
         msgspec.convert(messages, list[Message])
     except (msgspec.ValidationError, ValueError) as exc:

@@ -39,6 +39,9 @@ class Exchange:
     """Keep this conversation under ``id`` for a later ``previous_response_id`` (Responses' ``store``)."""
     carried: int = 0
     """How many of ``body['messages']`` came from the stored response (after the instructions)."""
+    carried_session: str | None = None
+    """The session the stored response it continues was kept under: a side answer continuing it is kept (sealed,
+    erased) with that session, since it copies its conversation."""
     names: dict[str, str] = field(default_factory=dict)
     """Tool name -> namespace, for function tools the client sent inside a namespace (Codex)."""
 

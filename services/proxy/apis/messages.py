@@ -25,6 +25,7 @@ import msgspec
 from pydantic_core import from_json
 from starlette.responses import Response
 
+from services.proxy import inner_json
 from services.proxy.apis.base import Exchange, answer_message, cached_tokens, new_id, require
 from services.proxy.validation import BadInput
 
@@ -243,7 +244,7 @@ class MessagesApi:
         user = meta.get("user_id") if isinstance(meta, Mapping) else None
         if isinstance(user, str) and user.startswith("{"):  # Claude Code: JSON holding its session id
             try:
-                sid = json.loads(user).get("session_id")
+                sid = inner_json.loads(user).get("session_id")
             except (ValueError, AttributeError):
                 return None
             return sid if isinstance(sid, str) and sid else None
@@ -349,7 +350,7 @@ def _input(arguments: Any) -> dict[str, Any]:
     if isinstance(arguments, dict):
         return arguments
     try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) and arguments.strip() else {}
+        parsed = inner_json.loads(arguments) if isinstance(arguments, str) and arguments.strip() else {}
     except ValueError:
         return {"arguments": arguments}
     return parsed if isinstance(parsed, dict) else {"arguments": parsed}

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 from starlette.responses import Response
 
+from services.proxy import inner_json
 from services.proxy.apis.base import Exchange, answer_message, cached_tokens, new_id, require, tool_arguments
 from services.proxy.asgi import openai_error
 from services.proxy.validation import BadInput
@@ -242,8 +243,8 @@ class ResponsesApi:
         if not isinstance(meta, Mapping) or not isinstance(meta.get("x-codex-turn-metadata"), str):
             return False
         try:
-            kind = msgspec.json.decode(meta["x-codex-turn-metadata"]).get("request_kind")
-        except (msgspec.DecodeError, AttributeError):
+            kind = inner_json.loads(meta["x-codex-turn-metadata"]).get("request_kind")
+        except (ValueError, AttributeError):
             return False
         return isinstance(kind, str) and kind != "turn"
 
@@ -257,6 +258,7 @@ class ResponsesApi:
         messages = input_messages(request["input"])
         if instructions:
             messages.insert(0, {"role": "system", "content": instructions})
+        _check_metadata(request.get("metadata"))
         previous = request.get("previous_response_id")
         require(previous is None or isinstance(previous, str), "'previous_response_id' must be a string")
         store = request.get("store", True)
@@ -379,6 +381,23 @@ def _usage(usage: Mapping[str, Any]) -> dict[str, Any] | None:
         "output_tokens_details": {"reasoning_tokens": int(reasoning or usage.get("reasoning_tokens") or 0)},
         "total_tokens": int(usage.get("total_tokens") or prompt + completion),
     }
+
+
+def _check_metadata(metadata: object) -> None:
+    """OpenAI's rule for ``metadata`` (the SDK's ``ResponseCreateParams``): at most 16 pairs, string keys of at most
+    64 characters, string values of at most 512. It is echoed in each of a stream's three response objects, so an
+    unbounded one was tripled (1 MiB in, 3 MiB streamed out: issue 55)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise BadInput(400, "'metadata' must be an object", "invalid_value")
+    require(len(metadata) <= 16, f"'metadata' may hold at most 16 pairs, not {len(metadata)}")
+    for key, value in metadata.items():
+        require(len(key) <= 64, f"'metadata' keys may be at most 64 characters ({key[:20]!r}... is longer)")
+        require(
+            isinstance(value, str) and len(value) <= 512,
+            f"'metadata.{key}' must be a string of at most 512 characters",
+        )
 
 
 def _response(

@@ -88,6 +88,13 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
             timeout=60,
         )
         assert stored.status_code == 200, stored.text
+        side = httpx.post(  # a side continuation of it (Codex's compaction), stored too: a copy of her words
+            proxy.url + "/v1/responses",
+            json={"previous_response_id": stored.json()["id"], "input": "Summarise.", "max_output_tokens": 4},
+            headers={"Authorization": "Bearer alice-key-0123456789abcdef", "X-Turn-Type": "side"},
+            timeout=60,
+        )
+        assert side.status_code == 200, side.text
         history = [{"role": "user", "content": f"{SECRET}, remember it"}]
         for i in range(2):
             history.append(
@@ -129,6 +136,8 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
         # readable on every topic (sealed: the log's bytes never show them).
         assert await redis_mentions(r, alices) and await redis_mentions(r, [SECRET])
         assert any(":resp:" in name or "resp:" in name for name in await redis_mentions(r, alices))
+        # Stored responses, the side continuation's included, are sealed (issue 55: it was in the clear).
+        assert not [name for name in await redis_mentions(r, [SECRET]) if "resp:" in name]
         assert SECRET.encode() in b"".join(p.read_bytes() for p in projection.parent.glob("live.sqlite3*"))
         assert not any(SECRET.encode() in raw for raw in await everything_raw(kafka))
         argv = [

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 from services.proxy.apis.messages import MESSAGES
 from services.proxy.apis.responses import RESPONSES
 from services.proxy.continuity import links
-from services.proxy.validation import BadInput, check_chat
+from services.proxy.validation import BadInput, BodyLimits, check_chat
 
 RESPONSE_EVENT = TypeAdapter(ResponseStreamEvent)
 MESSAGE_EVENT = TypeAdapter(RawMessageStreamEvent)
@@ -275,6 +275,11 @@ def test_a_stream_that_breaks_off_ends_with_response_failed() -> None:
         ({"input": "hi", "text": {"format": {"type": "grammar"}}}, "text.format.type"),
         ({}, "'input' is required"),
         ({"input": 3}, "'input' must be"),
+        # OpenAI's metadata rule: it is echoed in each of a stream's three response objects (issue 55, row 6).
+        ({"input": "hi", "metadata": {"k": "x" * 513}}, "at most 512"),
+        ({"input": "hi", "metadata": {f"k{i}": "v" for i in range(17)}}, "at most 16 pairs"),
+        ({"input": "hi", "metadata": {"k" * 65: "v"}}, "at most 64"),
+        ({"input": "hi", "metadata": ["x"]}, "'metadata' must be an object"),
     ],
 )
 def test_responses_refuses_what_it_cannot_serve_clearly(request_: dict[str, Any], needle: str) -> None:
@@ -515,3 +520,49 @@ def test_opencodes_title_request_is_housekeeping() -> None:
     assert chat_side_call({"messages": [*title, {"role": "user", "content": "Generate a title"}]})
     assert not chat_side_call({"messages": [{"role": "system", "content": "You are opencode."}]})
     assert not chat_side_call({"messages": [{"role": "user", "content": "You are a title generator."}]})
+
+
+def media_requests(url: str) -> list[dict[str, Any]]:
+    """The chat body each API's request with an image at ``url`` becomes (and chat's video and audio parts)."""
+    part = {"type": "image_url", "image_url": {"url": url}}
+    chat = [
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, part]}]},
+        {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": url}}]}]},
+    ]
+    responses = RESPONSES.translate(
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}]}
+    )
+    messages = MESSAGES.translate(
+        {
+            "max_tokens": 8,
+            "messages": [
+                {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": url}}]}
+            ],
+        }
+    )
+    return [*chat, responses.body, messages.body]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "https://elsewhere.example.org/a.png",
+        "file:///etc/passwd",
+        "/root/.ssh/id.png",
+        "https://images.example.com.evil.org/a.png",
+    ],
+)
+def test_media_is_taken_only_inline_or_from_the_places_allowed(url: str) -> None:
+    """Issue 55, row 6: SGLang fetches an ``http(s)`` media URL itself and reads ``file://`` and paths ending in an
+    image extension from its own disk, so every API's image (chat's video and audio too) is refused unless inline
+    or under ``proxy.media_url_prefixes``."""
+    allowed = BodyLimits(media_url_prefixes=("https://images.example.com/",))
+    for body in media_requests(url):
+        with pytest.raises(BadInput) as refused:
+            check_chat(body, allowed)
+        assert refused.value.status == 400 and refused.value.code == "media_url_not_allowed", body
+    for ok in ("data:image/png;base64,iVBORw0KGgo=", "https://images.example.com/cat.png"):
+        for body in media_requests(ok):
+            assert check_chat(body, allowed)["messages"]

@@ -341,3 +341,43 @@ def test_each_api_refuses_in_its_own_shape_and_answers_its_probes(
         assert hello.status_code == 200 and websocket.status_code == 426
     finally:
         secured.stop()
+
+
+def test_one_key_can_neither_lock_itself_out_nor_grow_a_stored_conversation(
+    proxy_env: dict[str, str], engine: EngineProcess
+) -> None:
+    """Issue 55, rows 1 and 2. Claude Code calls ``count_tokens`` in normal use; each call took one of its key's
+    in-flight slots and never gave it back, so past ``proxy.max_requests_per_key`` every request of that key was
+    a 429 until the proxy restarted (compose and the chart run with one shared key: every user). And a chain of
+    stored responses, each continuing the last, grew without bound (22.5 MiB under one id where a request may
+    carry 8 MiB): continuing one is refused when the conversation and the request are more than one request may
+    carry. Here the caps are 2 requests and 6,000 bytes."""
+    proxy = ProxyProcess(
+        {
+            **proxy_env,
+            "TURNSTREAM_PROXY_MAX_REQUESTS_PER_KEY": "2",
+            "TURNSTREAM_PROXY_MAX_BODY_BYTES": "6000",
+        }
+    )
+    try:
+        client = claude(proxy)
+        asked = [{"role": "user", "content": "Name a fruit."}]
+        for _ in range(3):
+            assert client.messages.count_tokens(model="policy", messages=asked).input_tokens > 0  # type: ignore[arg-type]
+        answer = client.messages.create(model="policy", max_tokens=2, messages=asked)  # type: ignore[arg-type]
+        assert answer.usage.output_tokens > 0
+
+        responses = sdk(proxy)
+        text = "Words to keep. " * 250  # 3,750 bytes: one request carries it, two do not
+        first = responses.responses.create(model="policy", input=text, max_output_tokens=2)
+        with pytest.raises(openai.BadRequestError) as refused:
+            responses.responses.create(
+                model="policy", previous_response_id=first.id, input=text, max_output_tokens=2
+            )
+        assert refused.value.code == "conversation_too_large" and "6000 bytes" in str(refused.value)
+        short = responses.responses.create(
+            model="policy", previous_response_id=first.id, input="And?", max_output_tokens=2
+        )
+        assert short.previous_response_id == first.id
+    finally:
+        proxy.stop()

@@ -305,6 +305,41 @@ def test_a_session_id_beyond_ascii_is_a_400_before_the_engine_is_asked(stub_prox
     assert_still_serving(stub_proxy.url)
 
 
+def test_json_nested_deep_inside_a_string_field_is_data_not_a_500(stub_proxy: StubProxy) -> None:
+    """Issue 55, row 5: JSON in a string (Claude Code's ``metadata.user_id``, Codex's ``x-codex-turn-metadata``,
+    a tool call's ``arguments`` in the history) is one value to the body's limits, so it may nest past Python's
+    recursion limit: each was a 500 with a logged traceback. Such a string is no session id, no side-call label and
+    no JSON arguments, as any other that does not parse: the request is served, the proxy's log holds no traceback."""
+    deep = "[" * 5000 + "]" * 5000
+    meta = '{"session_id": ' + deep + "}"
+    history = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    requests = [
+        (
+            "/v1/messages",
+            {"max_tokens": 4, "metadata": {"user_id": meta}, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+        (
+            "/v1/responses",
+            {"input": "hi", "max_output_tokens": 4, "client_metadata": {"x-codex-turn-metadata": deep}},
+        ),
+        ("/v1/chat/completions", {"messages": history, "max_tokens": 4}),
+    ]
+    for path, body in requests:
+        r = httpx.post(stub_proxy.url + path, json=body, headers=stub_proxy.auth, timeout=30)
+        assert r.status_code == 200, (path, r.text[:300])
+    assert (
+        "RecursionError" not in Path(stub_proxy.proxy.logfile.name).read_text()
+    )  # the fixture checks the rest
+
+
 def test_a_main_turn_too_large_to_record_is_a_413_naming_the_limit(
     kafka: KafkaConfig, redis_config: RedisConfig, tmp_path: Path
 ) -> None:
@@ -762,9 +797,15 @@ def test_the_proxy_needs_keys_beyond_loopback_and_each_key_names_a_user(
                 )
                 assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (auth, url)
                 assert "stub" not in r.text
-        assert httpx.get(proxy.url + "/healthz", timeout=30).status_code == 200
+        # Issue 55, row 4: the probe's answer to anyone, the replicas' addresses and versions only with a key.
+        health = httpx.get(proxy.url + "/healthz", timeout=30)
+        assert health.status_code == 200 and health.json() == {"status": "ok"}, health.text
         for user in ("alice", "bob"):
             headers = {"Authorization": f"Bearer {user}-key-0123456789abcdef"}
+            keyed = httpx.get(proxy.url + "/healthz", headers=headers, timeout=30).json()
+            assert keyed["engine"] is True and list(keyed["replicas"]) == [
+                proxy.stub.url.removeprefix("http://")
+            ]
             assert httpx.post(chat, json=body, headers=headers, timeout=30).status_code == 200
             assert httpx.get(proxy.url + "/v1/models", headers=headers, timeout=30).status_code == 200
             assert httpx.get(proxy.url + "/metrics", headers=headers, timeout=30).status_code == 200
