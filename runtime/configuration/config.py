@@ -341,6 +341,10 @@ class ProxyConfig(_Section):
     """With several policy replicas (``engine.replicas``): ``affinity`` sends a session's turns to the replica
     that holds its prefix (a new session to the least loaded one); ``round_robin`` each request to the next
     (services/proxy/replicas.py, docs/scaling.md)."""
+    routing_secret: str | None = None
+    """The key of the routing hash that places new sessions on equally loaded replicas: every proxy of a deployment
+    must share it, and no client may know it (else it could pick session ids that all land on one replica).
+    Unset: derived from ``engine.admin_api_key``, else ``engine.api_key``; with neither, the hash is unkeyed."""
     overload_abs: PositiveInt = 4
     """``affinity``: a session leaves its replica when that replica has this many more requests in flight than the
     least loaded one ..."""

@@ -42,7 +42,7 @@ from services.proxy.continuity import SessionWatch, links
 from services.proxy.keys import ProxyKeys
 from services.proxy.per_key import LIMITED, PerKey
 from services.proxy.recording import Recording
-from services.proxy.replicas import Replica, opening_key
+from services.proxy.replicas import Replica, cost, opening_key
 from services.proxy.session import (
     SessionError,
     SessionInfo,
@@ -299,6 +299,7 @@ class ChatProxy(SessionFlow, Recording):
             exchange,
             replica,
             key,
+            cost(len(raw_body), forward),
         )
         return await (self._stream(call) if stream else self._whole(call))
 
@@ -313,7 +314,7 @@ class ChatProxy(SessionFlow, Recording):
         while True:
             replica = call.replica
             assert replica is not None
-            replica.begin()
+            replica.begin(call.cost)
             answered = False
             try:
                 result = await ask(replica.engine)
@@ -336,7 +337,7 @@ class ChatProxy(SessionFlow, Recording):
                 call.leased, call.replica = self.route(call.forward, other), other
             finally:
                 if not (keep and answered):
-                    replica.end()
+                    replica.end(call.cost)
 
     def forward(
         self, body: dict[str, Any], main: bool, stream: bool, wants: dict[str, bool] | None, translated: bool
@@ -473,11 +474,11 @@ class ChatProxy(SessionFlow, Recording):
                 429, "this key is at its limit of requests in flight", "requests", "rate_limit_exceeded"
             )
         try:
-            _, body = await self.read(request, user, MESSAGES)
+            raw, body = await self.read(request, user, MESSAGES)
             exchange = MESSAGES.translate({**body, "max_tokens": 1, "stream": False})
             forward = check_chat(exchange.body, self.body_limits)
             forward["model"] = forward.get("model") or self.pc.served_model_name
-            data = await self.any_replica(lambda engine: engine.chat_raw(forward))
+            data = await self.any_replica(lambda engine: engine.chat_raw(forward), cost(len(raw), forward))
             counted = (data.get("usage") or {}).get("prompt_tokens")
             if not isinstance(counted, int):
                 raise EngineError("the engine reported no prompt token count")
@@ -567,7 +568,7 @@ class ChatProxy(SessionFlow, Recording):
         assert replica is not None
         if call.fence is not None and (refused := await self.forgotten(call.fence)) is not None:
             self.unroute(leased, replica)
-            replica.end()
+            replica.end(call.cost)
             await upstream.aclose()
             return fail(refused.status, str(refused), refused.err_type, refused.code)
         events = api.events(call.exchange) if api is not None and call.exchange is not None else None
@@ -575,7 +576,7 @@ class ChatProxy(SessionFlow, Recording):
             return await self._relay(upstream, call, events)
         except BaseException:  # the lease back and the engine stream closed on every path, bugs included
             self.unroute(leased, replica)
-            replica.end()
+            replica.end(call.cost)
             await upstream.aclose()
             raise
 
@@ -609,7 +610,7 @@ class ChatProxy(SessionFlow, Recording):
             if not closed:
                 closed = True
                 self.unroute(leased, replica)
-                replica.end()
+                replica.end(call.cost)
                 await upstream.aclose()
 
         main = session.turn_type == "main"
@@ -709,14 +710,15 @@ class ChatProxy(SessionFlow, Recording):
             return openai_error(502, f"the model engine failed: {exc}", "engine_error")
         return JSONResponse({"object": "list", "data": data})
 
-    async def any_replica(self, ask: Callable[[EngineClient], Awaitable[T]]) -> T:
-        """A request that is nobody's turn (a model list, a token count): the replica the router offers, the next
-        when it gives no answer."""
+    async def any_replica(self, ask: Callable[[EngineClient], Awaitable[T]], tokens: int = 0) -> T:
+        """A request that is nobody's turn (a model list, a token count of ``tokens``): the replica the router
+        offers, the next when it gives no answer; counted in its load while it asks (a token count is a prefill)."""
         tried: list[Replica] = []
         while True:
             replica = self.state.router.pick(None, exclude=tried)
             if replica is None:
                 raise EngineError("no policy replica answers", unanswered=True)
+            replica.begin(tokens)
             try:
                 return await ask(replica.engine)
             except EngineError as exc:
@@ -726,6 +728,8 @@ class ChatProxy(SessionFlow, Recording):
                 tried.append(replica)
                 if len(tried) == len(self.state.replicas):
                     raise
+            finally:
+                replica.end(tokens)
 
     async def healthz(self, request: Request) -> Response:
         """Ok while some replica answers (the status is the probe's answer: no key needed); with a key (or none

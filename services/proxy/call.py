@@ -42,6 +42,8 @@ class Call:
     """The policy replica it is sent to (``Router.pick``)."""
     key: str | None = None
     """Its affinity key: what a replica chosen again for it (the first one down) is picked by."""
+    cost: int = 0
+    """Its weight in its replica's load, in tokens (``replicas.cost``)."""
 
     @property
     def main(self) -> bool:

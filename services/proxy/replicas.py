@@ -6,9 +6,12 @@ each replica serves. So it routes itself (docs/scaling.md):
 - **affinity** (the default): a session's next turn goes to the replica that served its last one, where its prefix
   is cached, unless that replica is overloaded (``proxy.overload_abs`` more requests in flight than the least
   loaded, and ``proxy.overload_rel`` times as many), when the session moves to the least loaded one and stays
-  there. A new session goes to the least loaded replica (ties broken by a hash of its key, so proxies that see the
-  same loads agree). The key is the session id where the client sent one, else a hash of the conversation's
-  opening (system prompt and first user message), which every turn of a conversation repeats.
+  there. A new session goes to the least loaded replica, load counted in tokens in flight (each request's
+  estimate: its body's bytes / 4 plus its ``max_tokens``), then requests; ties broken by a hash of its key keyed
+  with the deployment's secret (``routing_secret``), so proxies that see the same loads agree and a client cannot
+  choose session ids that all land on one replica (issue 55 put 12 of 12 there with the unkeyed hash). The key is
+  the session id where the client sent one, else a hash of the conversation's opening (system prompt and first
+  user message), which every turn of a conversation repeats.
 - **round_robin**: each request to the next replica: the baseline ``bench/routing.py`` measures against.
 
 A replica takes traffic only while it is **ready**: its engine answers and it serves the version its reloader
@@ -61,6 +64,8 @@ class Replica:
     reloader: Any = None
     """Its ``Reloader`` (``proxy.reload``), which says which version it should serve."""
     in_flight: int = 0
+    tokens: int = 0
+    """The token estimates of the requests in flight (``cost``)."""
     down_until: float = 0.0
     """Monotonic time before which it is skipped: it refused a connection."""
 
@@ -78,12 +83,14 @@ class Replica:
             return False
         return self.reloader is None or bool(self.reloader.serves_wanted(self.versions.current))
 
-    def begin(self) -> None:
+    def begin(self, tokens: int = 0) -> None:
         self.in_flight += 1
+        self.tokens += tokens
         IN_FLIGHT.labels(self.name).set(self.in_flight)
 
-    def end(self) -> None:
+    def end(self, tokens: int = 0) -> None:
         self.in_flight -= 1
+        self.tokens -= tokens
         IN_FLIGHT.labels(self.name).set(self.in_flight)
 
     def refused(self) -> None:
@@ -101,14 +108,31 @@ def opening_key(body: dict[str, Any]) -> str:
     return hashlib.blake2b(repr(opening).encode(), digest_size=12).hexdigest()
 
 
-def rank(key: str, name: str) -> bytes:
+def cost(raw_bytes: int, forward: dict[str, Any]) -> int:
+    """A request's weight in a replica's load, in tokens: its prompt (about 4 bytes a token) and its longest
+    answer. An estimate made before the engine is asked; 16 requests of 200 KB count as what they are."""
+    longest = forward.get("max_tokens") or forward.get("max_completion_tokens")
+    return raw_bytes // 4 + (longest if isinstance(longest, int) and not isinstance(longest, bool) else 0)
+
+
+def routing_secret(*secrets: str | None) -> bytes:
+    """The key of the routing hash: derived from the deployment's own secrets (``proxy.routing_secret``, else the
+    engine's keys, else the proxy's key), which every proxy of it shares and no client holds. None set (a laptop on
+    loopback): no key, and nobody to steer against."""
+    material = next((s for s in secrets if s), "")
+    return (
+        hashlib.blake2b(material.encode(), digest_size=32, person=b"ts-routing").digest() if material else b""
+    )
+
+
+def rank(key: str, name: str, secret: bytes = b"") -> bytes:
     """Rendezvous hashing: every proxy orders the replicas (by ``Replica.name``) for a key the same way."""
-    return hashlib.blake2b(f"{key}|{name}".encode(), digest_size=8).digest()
+    return hashlib.blake2b(f"{key}|{name}".encode(), digest_size=8, key=secret).digest()
 
 
-def first_choice(key: str, names: Iterable[str]) -> str:
+def first_choice(key: str, names: Iterable[str], secret: bytes = b"") -> str:
     """The replica a new session keyed ``key`` goes to when all of ``names`` are equally loaded."""
-    return min(names, key=lambda name: rank(key, name))
+    return min(names, key=lambda name: rank(key, name, secret))
 
 
 class Router:
@@ -120,8 +144,11 @@ class Router:
         overload_abs: int = 4,
         overload_rel: float = 1.5,
         max_sessions: int = 100_000,
+        secret: bytes = b"",
     ) -> None:
         self.replicas = replicas
+        self.secret = secret
+        """The routing hash's key (``routing_secret``)."""
         self.policy = policy
         self.overload_abs = overload_abs
         self.overload_rel = overload_rel
@@ -161,7 +188,7 @@ class Router:
         return self._note(least, reason)
 
     def _least_loaded(self, pool: list[Replica], key: str) -> Replica:
-        return min(pool, key=lambda r: (r.in_flight, rank(key, r.name)))
+        return min(pool, key=lambda r: (r.tokens, r.in_flight, rank(key, r.name, self.secret)))
 
     def _overloaded(self, home: Replica, least: Replica) -> bool:
         return (

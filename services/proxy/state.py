@@ -16,7 +16,7 @@ from runtime.transport.resp import command
 from services.proxy.adapters import Adapters
 from services.proxy.continuity import Continuity
 from services.proxy.recorder import TurnRecorder
-from services.proxy.replicas import Replica, Router
+from services.proxy.replicas import Replica, Router, routing_secret
 from services.proxy.sampling import OPENAI_SAMPLING, resolve_sampling_defaults
 from services.proxy.stored import ResponseStore
 from services.proxy.turn_numbers import TurnNumbers
@@ -82,7 +82,13 @@ async def build_state(config: Config) -> ProxyState:
     # the same one again after backoff.
     retries = config.engine.retries if len(urls) == 1 else 0
     replicas = [Replica(replica_name(url), url, _client(config, url, retries=retries)) for url in urls]
-    router = Router(replicas, pc.routing, overload_abs=pc.overload_abs, overload_rel=pc.overload_rel)
+    router = Router(
+        replicas,
+        pc.routing,
+        overload_abs=pc.overload_abs,
+        overload_rel=pc.overload_rel,
+        secret=routing_secret(pc.routing_secret, config.engine.admin_api_key, config.engine.api_key),
+    )
     state = ProxyState(
         config=config, replicas=replicas, router=router, turn_numbers=turn_numbers, recorder=recorder
     )

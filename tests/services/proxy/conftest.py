@@ -14,7 +14,7 @@ from runtime.process.launch import ServiceProcess
 from runtime.process.ports import free_port
 from schemas import PairedTurn, Turn
 from schemas.topics import TURNS, TURNS_PAIRED
-from services.proxy.replicas import first_choice
+from services.proxy.replicas import first_choice, routing_secret
 from tests.kafka_wait import wait_for_events
 from tests.metrics import scraped
 
@@ -53,14 +53,23 @@ def proxy(proxy_env: dict[str, str]) -> Iterator[ProxyProcess]:
     p.stop()
 
 
-def spread_sessions(prefix: str, replicas: list[str], each: int) -> list[str]:
+def routing_key(env: dict[str, str]) -> bytes:
+    """The routing hash's key of a proxy started with ``env`` (``TURNSTREAM_*``), as it derives it."""
+    return routing_secret(
+        env.get("TURNSTREAM_PROXY_ROUTING_SECRET"),
+        env.get("TURNSTREAM_ENGINE_ADMIN_API_KEY"),
+        env.get("TURNSTREAM_ENGINE_API_KEY"),
+    )
+
+
+def spread_sessions(prefix: str, replicas: list[str], each: int, secret: bytes = b"") -> list[str]:
     """Session ids, ``each`` of which the router sends to every one of ``replicas`` (``host:port`` names) when
-    they are equally loaded: a test that needs users on every replica does not depend on where the hash of
-    this run's ports puts a handful of names."""
+    they are equally loaded, for a proxy whose routing key is ``secret`` (``routing_key``): a test that needs
+    users on every replica does not depend on where the hash of this run's ports puts a handful of names."""
     homes: dict[str, list[str]] = {name: [] for name in replicas}
     for i in itertools.count():
         session = f"{prefix}{i}"
-        home = homes[first_choice(session, replicas)]
+        home = homes[first_choice(session, replicas, secret)]
         if len(home) < each:
             home.append(session)
         if all(len(h) == each for h in homes.values()):

@@ -38,7 +38,7 @@ from services.eval.worker import run_eval
 from services.gate.worker import run_gate
 from tests.engines import admin
 from tests.metrics import scraped
-from tests.services.proxy.conftest import ProxyProcess, spread_sessions, wait_for_turns
+from tests.services.proxy.conftest import ProxyProcess, routing_key, spread_sessions, wait_for_turns
 from tests.services.proxy.test_reload import engine_version, publish
 
 pytestmark = pytest.mark.integration
@@ -101,6 +101,7 @@ async def test_sessions_stay_put_a_killed_replica_loses_nothing_and_rejoins_on_t
     second_engine: EngineProcess,
     kafka: KafkaConfig,
     perturbed_weights: Path,
+    proxy_env: dict[str, str],
 ) -> None:
     """Sessions stay on their replica; the second is killed while it streams (those streams break off in-band,
     everything else is answered by the survivor at once); a version is published while it is dead, and it is
@@ -108,7 +109,7 @@ async def test_sessions_stay_put_a_killed_replica_loses_nothing_and_rejoins_on_t
     the served version onto it, then new sessions reach it. Every answered turn is recorded once."""
     url = replicas_proxy.url
     both = [name(own_engine), name(second_engine)]
-    sessions = spread_sessions("s", both, 4)
+    sessions = spread_sessions("s", both, 4, routing_key(proxy_env))
     answered = 0
     async with httpx.AsyncClient(timeout=300) as http:
         for turn in range(2):
@@ -154,7 +155,7 @@ async def test_sessions_stay_put_a_killed_replica_loses_nothing_and_rejoins_on_t
             assert time.monotonic() < deadline
         await restart
         assert scraped(url, "turnstream_proxy_weight_reloads_total", status="ok") > loads  # given version 1
-        fresh = spread_sessions("new", both, 4)
+        fresh = spread_sessions("new", both, 4, routing_key(proxy_env))
         for session in fresh:
             answered += await ask(http, url, session)
         await asyncio.sleep(2.0)  # anything recorded twice would be in by now
@@ -246,7 +247,7 @@ async def test_under_the_gate_both_replicas_serve_the_candidate_the_eval_checks_
                 assert time.monotonic() < deadline, await states()
                 await asyncio.sleep(0.5)
             assert 1 in await evaluated()
-            gated = spread_sessions("gated-", [name(e) for e in engines], 3)
+            gated = spread_sessions("gated-", [name(e) for e in engines], 3, routing_key(proxy_env))
             answered = [await ask(http, proxy.url, session) for session in gated]
             async with EventProducer(kafka) as producer:  # then rolled back (by hand): both go back
                 event = VersionDecision(

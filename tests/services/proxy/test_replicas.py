@@ -10,7 +10,7 @@ import pytest
 
 from runtime.configuration.config import EngineConfig, replica_name
 from runtime.engine.client import EngineClient
-from services.proxy.replicas import Replica, Router, first_choice, opening_key
+from services.proxy.replicas import Replica, Router, cost, first_choice, opening_key, routing_secret
 from tests.services.proxy.conftest import spread_sessions
 
 
@@ -44,18 +44,50 @@ def test_a_session_stays_on_its_replica_and_new_ones_go_to_the_least_loaded() ->
     assert first.in_flight == 4 and second.in_flight == 0
 
 
+SECRET = routing_secret(None, "the-engine-admin-key-0123456789")
+
+
 def test_idle_replicas_take_new_sessions_where_the_shared_hash_says_and_tests_can_ask_it() -> None:
-    """Equally loaded, a new session goes to ``first_choice`` (what every proxy computes alike); the tests that need
-    users on every replica choose their session ids with it (``spread_sessions``)."""
+    """Equally loaded, a new session goes to ``first_choice`` (what every proxy with the same routing key computes
+    alike); the tests that need users on every replica choose their session ids with it (``spread_sessions``)."""
     pool = replicas(3)
     names = [r.name for r in pool]
-    router = Router(pool)
+    router = Router(pool, secret=SECRET)
     chosen = {key: router.pick(key) for key in (f"k{i}" for i in range(60))}
-    assert all(r is not None and r.name == first_choice(key, names) for key, r in chosen.items())
+    assert all(r is not None and r.name == first_choice(key, names, SECRET) for key, r in chosen.items())
     assert len({r.name for r in chosen.values() if r is not None}) == 3  # the hash spreads them
-    spread = spread_sessions("t", names, 2)
-    assert len(spread) == 6 and sorted(first_choice(s, names) for s in spread) == sorted(names * 2)
-    assert [Router(replicas(3)).pick(s).name for s in spread] == [first_choice(s, names) for s in spread]  # type: ignore[union-attr]
+    spread = spread_sessions("t", names, 2, SECRET)
+    assert len(spread) == 6 and sorted(first_choice(s, names, SECRET) for s in spread) == sorted(names * 2)
+    assert [Router(replicas(3), secret=SECRET).pick(s).name for s in spread] == [  # type: ignore[union-attr]
+        first_choice(s, names, SECRET) for s in spread
+    ]
+
+
+def test_a_client_cannot_choose_session_ids_that_all_land_on_one_replica() -> None:
+    """Issue 55, row 4: with the routing hash public, 12 session ids chosen by it all went to one replica (and
+    stayed there: affinity). Keyed with a secret the deployment holds and clients do not (``routing_secret``: the
+    engine's keys, or ``proxy.routing_secret``), the same ids spread."""
+    names = [r.name for r in replicas(3)]
+    chosen = [s for s in (f"attack-{i}" for i in range(200)) if first_choice(s, names) == names[0]][:12]
+    assert len(chosen) == 12
+    for secret, replicas_used in ((b"", 1), (SECRET, 3)):
+        router = Router(replicas(3), secret=secret)
+        landed = {router.pick(s).name for s in chosen}  # type: ignore[union-attr]
+        assert len(landed) == replicas_used, (secret, landed)
+    assert routing_secret(None, None, None) == b"" and routing_secret("own", "admin") == routing_secret("own")
+
+
+def test_new_sessions_go_where_the_fewest_tokens_are_in_flight() -> None:
+    """Issue 55, row 4: load counted in requests sent a new session to a replica working on one 200 KB prompt
+    rather than to one with two short questions. Counted in tokens (``cost``: bytes / 4 plus ``max_tokens``)."""
+    big, small = replicas(2)
+    router = Router([big, small], secret=SECRET)
+    big.begin(cost(200_000, {"max_tokens": 256}))
+    for _ in range(2):
+        small.begin(cost(300, {"max_tokens": 256}))
+    assert router.pick("fresh") is small
+    big.end(cost(200_000, {"max_tokens": 256}))
+    assert big.tokens == 0 and small.tokens == 2 * (75 + 256) and router.pick("fresh-2") is big
 
 
 def test_an_overloaded_replica_gives_its_session_to_the_least_loaded_for_good() -> None:
