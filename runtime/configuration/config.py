@@ -323,6 +323,12 @@ class ProxyConfig(_Section):
     stored_response_ttl_s: NonNegInt = 7 * 86400
     """How long a Responses API answer made with ``store`` (its default) can be continued by
     ``previous_response_id``; 0: nothing is kept (such a continuation is then a 404)."""
+    stored_responses_per_key: PositiveInt = 10_000
+    """The most stored responses one key keeps at once: storing one more drops its oldest (whose continuation is
+    then a 404). With one shared key (``api_key``) that is the whole deployment's."""
+    stored_bytes_per_key: PositiveInt = 512 * 1024 * 1024
+    """The most bytes of stored responses one key keeps in Redis at once, the oldest dropped first (a stored
+    conversation itself is bounded by ``max_body_bytes`` plus one answer)."""
     weights_root: str = ""
     """Weight versions are loaded only from below this folder; empty: the cache's ``weights`` folder."""
     tokenizer_path: str = ""

@@ -94,7 +94,12 @@ async def build_state(config: Config) -> ProxyState:
     )
     if pc.stored_response_ttl_s:
         state.stored = ResponseStore(
-            turn_numbers.redis, config.redis.key_prefix, pc.stored_response_ttl_s, config.kafka
+            turn_numbers.redis,
+            config.redis.key_prefix,
+            pc.stored_response_ttl_s,
+            config.kafka,
+            pc.stored_responses_per_key,
+            pc.stored_bytes_per_key,
         )
     if pc.session_inference == "on":  # over the turn numbers' connection: one pipelined connection per proxy
         state.continuity = Continuity(

@@ -32,7 +32,9 @@ from tests.services.proxy.conftest import StubProxy, pair_all, wait_for_turns
 
 pytestmark = pytest.mark.integration
 
-SECRET = "the vault code is 4471-ZEBRA"
+SECRET = f"the vault code is {uuid.uuid4().hex[:8]}-ZEBRA"
+"""Unique to the run: the test Redis keeps its data between runs (append-only file), and a run that failed before
+``forget`` left its words there for their TTL, which every later run's database-wide search would find."""
 
 
 def chat(proxy: StubProxy, key: str, messages: list[dict[str, str]], session: str | None = None) -> str:
