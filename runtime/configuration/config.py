@@ -725,7 +725,7 @@ class ConsoleConfig(_Section):
     port: Port = 8080
     """The console's port."""
     public_url: str = ""
-    """Where people open the console (``http(s)://host:port``), for the login link it logs and ``turnstream run``
+    """Where people open the console (``http(s)://host:port``), for the login link it announces and ``turnstream run``
     prints; empty: ``http://<host>:<port>``. Compose sets it from ``CONSOLE_PORT``: in a container the console's
     own port is not the one published."""
     db_path: str = ""
@@ -734,8 +734,8 @@ class ConsoleConfig(_Section):
     """Folder of the policy's tokenizer, for the heat map's token texts (default: ``trainer.hf_checkpoint``)."""
     token: str = ""
     """Every route but ``/healthz`` requires it (``Authorization: Bearer <token>``, or the cookie ``/login?token=``
-    sets). Empty: one kept in ``token`` beside the projection (made 0600 with a new token on first start); the
-    login link is logged at start."""
+    sets). Empty: one kept in ``token`` beside the projection (made 0600 with a new token on first start). The
+    login link is logged at start without the token, and printed whole on a terminal."""
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
     """Host names the console answers to (others get a 421: DNS rebinding defence). Empty: localhost, 127.0.0.1,
     ::1 and ``host`` unless a wildcard; ``*`` for any (behind a proxy that checks them)."""

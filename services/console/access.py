@@ -4,7 +4,8 @@ The console shows whole conversations. Without a token anyone who reaches its po
 container on the network); without a host check a web page the user visits can, by DNS rebinding, make the
 user's browser read a console on loopback (its requests carry the attacker's host name). So every request must
 name an allowed host (``console.allowed_hosts``) and carry the token: ``Authorization: Bearer <token>``, or the
-cookie that ``/login?token=<token>`` sets (HttpOnly, SameSite=Strict, so another site's page cannot send it).
+cookie that ``/login?token=<token>`` sets (HttpOnly, SameSite=Strict, so another site's page cannot send it;
+Secure when the request came over TLS, directly or through a proxy that says so in ``X-Forwarded-Proto``).
 ``/healthz`` (it says only "ok") needs no token, nor ``/favicon.ico`` (an empty answer: the browser asks for it
 without the cookie).
 """
@@ -72,7 +73,8 @@ class Access:
         if path == "/login":
             given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
             if self._valid(given.encode()):
-                cookie = f"{COOKIE}={given}; HttpOnly; SameSite=Strict; Path=/"
+                secure = "; Secure" if _over_tls(scope, headers) else ""
+                cookie = f"{COOKIE}={given}; HttpOnly; SameSite=Strict; Path=/{secure}"
                 await _send(send, 303, b"", [(b"location", b"/"), (b"set-cookie", cookie.encode())])
             else:
                 await _send(send, *_refusal(path))
@@ -84,6 +86,13 @@ class Access:
 
     def _valid(self, given: bytes) -> bool:
         return bool(given) and hmac.compare_digest(given, self.token)
+
+
+def _over_tls(scope: dict[str, Any], headers: dict[bytes, bytes]) -> bool:
+    """Whether the browser reached the console over TLS. A forged ``X-Forwarded-Proto`` only adds ``Secure`` to the
+    cookie of whoever forged it."""
+    forwarded = headers.get(b"x-forwarded-proto", b"").split(b",")[0].strip().lower()
+    return scope.get("scheme") == "https" or forwarded == b"https"
 
 
 def _bearer(headers: dict[bytes, bytes]) -> bytes:

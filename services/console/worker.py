@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -79,12 +80,21 @@ def console_app(config: Config) -> Any:
     return Access(app, token, allowed_hosts(config.console.allowed_hosts, config.console.host))
 
 
+def announce_login(config: Config) -> None:
+    """Where to log in, with the token left out of the log (logs are collected and kept: issue 55); the whole link
+    on the terminal of a person who started the console by hand."""
+    link = console_login_url(config)
+    log.info(f"console: open {link.split('?token=')[0]}?token=<console.token> (TURNSTREAM_CONSOLE_TOKEN)")
+    if sys.stderr.isatty():
+        print(f"console: open {link}", file=sys.stderr)
+
+
 def run_console(config: Config) -> int:
     from runtime.transport.http_server import serve
 
     app = console_app(config)
     # For a Prometheus without the console's token (compose): the same registry, on a port of its own.
     serve_metrics(config.metrics.port, config.metrics.host)
-    log.info(f"console: open {console_login_url(config)}")
+    announce_login(config)
     serve(app, host=config.console.host, port=config.console.port, log_level="warning")
     return 0
