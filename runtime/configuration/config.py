@@ -340,6 +340,10 @@ class ProxyConfig(_Section):
     """Run the weight reloader in the proxy process (one proxy per engine should)."""
     reload_timeout_s: PositiveFloat = 600.0
     """How long one weight load may take before the reloader checks ``/model_info`` and tries again."""
+    reload_lease_s: PositiveFloat = 30.0
+    """How long a reloader's hold on an engine's lease lasts unrenewed (renewed every third of it while it pauses,
+    loads and continues). Every proxy checks each lease period that its engines are not left paused: a pause whose
+    reloader died ends within two periods (services/proxy/engine_lease.py)."""
     version_probe_s: PositiveFloat = 2.0
     """How often the proxy reads the engine's weight version when idle (an engine restart is noticed within
     this); a completed stream triggers a probe at once (see services/proxy/versions.py)."""

@@ -25,7 +25,8 @@ log = logging.getLogger("turnstream.proxy.engine_lease")
 
 LEASES = Counter(
     "turnstream_proxy_engine_lease_total",
-    "Tries to take a policy engine's reload lease: held, busy (another proxy reloads it), unavailable (Redis)",
+    "Tries to take a policy engine's reload lease: held, busy (another proxy reloads it), unavailable (Redis); "
+    "lost: a holder found another holding it",
     ["outcome"],
 )
 
@@ -33,9 +34,13 @@ _RELEASE = (
     b"if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
 )
 _RENEW = (
-    b"if redis.call('GET', KEYS[1]) == ARGV[1] then "
-    b"return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end"
+    b"local held = redis.call('GET', KEYS[1]) "
+    b"if held == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end "
+    b"if not held then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end "
+    b"return 0"
 )
+"""Renew the lease, or take it back when it is gone and nobody else took it (a Sentinel failover can promote a
+replica that never had the key): a holder whose load is under way keeps the engine."""
 
 
 class EngineLease:
@@ -68,16 +73,21 @@ class EngineLease:
             await self.redis.send(command(b"EVAL", _RELEASE, b"1", self.key, token))
 
     async def _keep(self) -> None:
+        period = self.ttl_ms / 3000
         while True:
-            await asyncio.sleep(self.ttl_ms / 3000)
+            await asyncio.sleep(period)
             try:
                 if not await self.renew():
+                    LEASES.labels("lost").inc()
                     log.error(
-                        "the engine lease expired while held (the reload took a pause longer than its lease)"
+                        "the engine lease was taken by another while held (Redis could not be reached for longer "
+                        "than the lease): two reloaders may act on the engine at once"
                     )
                     return
-            except (OSError, TimeoutError) as exc:
+                period = self.ttl_ms / 3000
+            except (OSError, TimeoutError, RedisReplyError) as exc:  # a failover: READONLY, then a new master
                 log.warning("could not renew the engine lease; trying again", extra={"error": str(exc)})
+                period = min(1.0, self.ttl_ms / 3000)
 
     @contextlib.asynccontextmanager
     async def hold(self) -> AsyncIterator[bool]:

@@ -578,8 +578,36 @@ class Reloader:
             "the engine's lease stayed taken; its holder continues the engine", extra={"replica": self.name}
         )
 
+    async def _watch_pauses(self) -> None:
+        """An engine a reloader paused and did not continue (killed between pause and continue, or its continue
+        never reached the engine) serves again: every lease period, when the engine's lease is free (no
+        pause-load-continue under way anywhere) and this reloader is not loading, it continues the engine, which
+        changes nothing for one that runs. A dead holder's lease expires within a period, so such a pause ends
+        within two (issue 55: it lasted until another proxy started)."""
+        assert self.lease is not None
+        period = self.lease.ttl_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            async with self._lock, self.lease.hold() as mine:
+                if not mine:
+                    continue
+                try:
+                    await self.engine.continue_generation()
+                except EngineError as exc:  # down or restarting: its probe and the next period see to it
+                    log.debug("engine not continued", extra={"replica": self.name, "error": str(exc)})
+
     async def run(self) -> None:
         await self._continue_at_start()
+        watcher = asyncio.create_task(self._watch_pauses()) if self.lease is not None else None
+        try:
+            await self._follow()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+
+    async def _follow(self) -> None:
         backoff = 0.5
         while True:  # Kafka may not be up yet: serving goes on, the reloader keeps trying
             try:

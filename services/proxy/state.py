@@ -189,7 +189,7 @@ async def _start_replica(state: ProxyState, replica: Replica, info: dict[str, An
             # full weights: several proxies may reload this engine (engine_lease.py); adapters need no lease
             lease=None
             if replica.adapters
-            else EngineLease(redis, config.redis.reload_lease_key(replica.url)),
+            else EngineLease(redis, config.redis.reload_lease_key(replica.url), ttl_s=pc.reload_lease_s),
         )
         state.background.append(asyncio.create_task(replica.reloader.run()))
     on_change = replica.reloader.engine_changed if replica.reloader is not None else None

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from runtime.configuration.config import RedisConfig
-from runtime.transport.resp import PipelinedRedis
+from runtime.transport.resp import PipelinedRedis, command
 from services.proxy.engine_lease import EngineLease
 
 pytestmark = pytest.mark.integration
@@ -48,6 +48,27 @@ async def test_a_dead_holders_lease_expires(redis_config: RedisConfig) -> None:
         await asyncio.sleep(0.7)
         assert await live.acquire()
         await live.release()
+    finally:
+        await redis.aclose()
+
+
+async def test_a_holder_takes_back_a_lease_redis_lost_but_never_one_another_holds(
+    redis_config: RedisConfig,
+) -> None:
+    """A Sentinel failover can promote a replica that never had the lease: the holder, whose load is under way,
+    takes it back at its next renewal (issue 55: the load went on with the lease free for another reloader). One
+    another has taken meanwhile stays theirs, and the holder says it lost it."""
+    redis = PipelinedRedis(redis_config.url)
+    key = redis_config.reload_lease_key(ENGINE + "/failover")
+    holder, other = EngineLease(redis, key, ttl_s=5.0), EngineLease(redis, key, ttl_s=5.0)
+    try:
+        assert await holder.acquire()
+        await redis.send(command(b"DEL", key.encode()))  # the new master never had it
+        assert await holder.renew() and not await other.acquire()
+        await redis.send(command(b"DEL", key.encode()))
+        assert await other.acquire()  # another got there first
+        assert not await holder.renew() and not await holder.acquire()
+        await other.release()
     finally:
         await redis.aclose()
 

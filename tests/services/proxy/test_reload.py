@@ -22,6 +22,7 @@ from runtime.messaging.bus import EventProducer, read_topic
 from schemas import Turn, WeightsPublished
 from schemas.topics import DEADLETTER, WEIGHTS
 from services.engine.launch import EngineProcess
+from tests.engines import admin
 from tests.metrics import scraped
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
 
@@ -300,3 +301,38 @@ async def test_two_proxies_reload_one_engine_one_at_a_time(
     finally:
         for p in proxies:
             p.stop()
+
+
+async def test_an_engine_a_dead_reloader_left_paused_serves_again_within_two_lease_periods(
+    own_engine: EngineProcess, proxy_env: dict[str, str], redis_config: RedisConfig
+) -> None:
+    """Issue 55, row 7: a proxy killed between pausing its engine and continuing it (at any step: after the pause,
+    during or after the load, the engine is left paused) left it paused until another proxy started. Here another
+    proxy's reloader paused the engine and died holding the engine's lease; this proxy, already running, continues
+    the engine once that lease has expired: within two lease periods (2 s here), while a user waits."""
+    env = {**proxy_env, "TURNSTREAM_ENGINE_URL": own_engine.url, "TURNSTREAM_PROXY_RELOAD_LEASE_S": "2"}
+    proxy = ProxyProcess(env)
+    r = aioredis.from_url(redis_config.url)
+    try:
+        async with httpx.AsyncClient(timeout=120) as http:
+            await asyncio.sleep(4)  # past its start-up continue: only its watch can end the pause below
+            await r.set(redis_config.reload_lease_key(own_engine.url), "a-reloader-killed-mid-load", px=2000)
+            paused = await http.post(
+                own_engine.url + "/pause_generation", json={"mode": "retract"}, headers=admin(own_engine)
+            )
+            assert paused.status_code == 200, paused.text
+            began = time.monotonic()
+            answer = await http.post(
+                proxy.url + "/v1/chat/completions",
+                json=BODY,
+                headers={"X-Session-Id": "left-paused"},
+                timeout=90,
+            )
+            waited = time.monotonic() - began
+            assert answer.status_code == 200, answer.text
+            # Two periods and the answer's own time (seconds on a loaded CPU), never the 90 s of a pause that stays.
+            assert waited < 30, f"the user waited {waited:.1f} s"
+    finally:
+        proxy.stop()
+        await r.aclose()
+        httpx.post(own_engine.url + "/continue_generation", headers=admin(own_engine), timeout=60)
