@@ -36,7 +36,10 @@ from stub_engine import (
 )
 from stub_http import reply, serve
 
-_STATE = re.compile(r"## Next state \(role: [^)]*\)\n(.*?)\n\n(Did|Does) ", re.S)
+_STATE = re.compile(
+    r"## Next state \(role: [^)]*\)\n(?:<next_state>\n(.*?)\n</next_state>|(.*?)\n\n(?:Did|Does) )", re.S
+)
+"""The next state in the shipped prompts (between its tags), or in a prompt without them."""
 
 
 def verdict(body: dict[str, Any]) -> str:
@@ -50,7 +53,7 @@ def verdict(body: dict[str, Any]) -> str:
         "",
     )
     m = _STATE.search(user)
-    state = m.group(1) if m else user
+    state = (m.group(1) or m.group(2) or "") if m else user
     bad = "wrong" in state.lower()
     if "[HINT_START]" not in user:
         return "The next state " + (

@@ -2,11 +2,14 @@
 
 Each kind (``eval``, ``hint``) has a system and a user template, ``<kind>.system.txt`` and ``<kind>.user.txt``,
 with ``string.Template`` placeholders ``${response}``, ``${next_state}`` and ``${next_state_role}``. The defaults
-ship in ``services/judge/prompts/``; ``judge.prompts_dir`` points at a folder that overrides any of the four files.
+ship in ``services/judge/prompts/`` and put the conversation's text between ``<response>`` and ``<next_state>``
+tags, which that text cannot close (``as_data``), and tell the judge it is data; ``judge.prompts_dir`` points at
+a folder that overrides any of the four files.
 """
 
 from __future__ import annotations
 
+import re
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +63,16 @@ def next_state_text(messages: list[Message], limit: int) -> tuple[str, str]:
     return "\n\n".join(blocks), ", ".join(roles)
 
 
+_DATA_TAGS = re.compile(r"<(\s*/?\s*(?:response|next_state)\s*)>", re.IGNORECASE)
+
+
+def as_data(text: str) -> str:
+    """Text from the conversation, made unable to close or open the tags the shipped prompts put around it: a
+    user's ``</next_state>`` followed by instructions stays inside the data (issue 55: the user's text went into
+    the judge's prompt verbatim). The tags' ``<`` become ``&lt;``; nothing else changes."""
+    return _DATA_TAGS.sub(r"&lt;\1>", text)
+
+
 @dataclass(frozen=True)
 class PromptSet:
     templates: dict[str, tuple[string.Template, string.Template]]
@@ -93,8 +106,10 @@ class PromptSet:
         system, user = self.templates[kind]
         state, role = next_state_text(paired.next_state, self.max_chars)
         values = {
-            "response": clip(message_text(paired.turn.response), self.max_chars) or "(empty response)",
-            "next_state": state or "(empty)",
+            "response": as_data(
+                clip(message_text(paired.turn.response), self.max_chars) or "(empty response)"
+            ),
+            "next_state": as_data(state or "(empty)"),
             "next_state_role": role,
         }
         return [
