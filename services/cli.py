@@ -25,6 +25,7 @@ from services.gate import command as gate
 from services.judge import command as judge
 from services.pairer import command as pairer
 from services.proxy import command as proxy
+from services.proxy import keys_command as keys
 from services.replay import command as replay
 from services.run import command as run
 from services.simulate import command as simulate
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     console.register(sub)
     forget.register(sub, forget.Projection(delete_rows=forget_sessions, count_rows=session_rows))
     replay.register(sub)
+    keys.register(sub)
     return p
 
 

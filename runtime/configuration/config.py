@@ -235,7 +235,11 @@ class ProxyConfig(_Section):
     and ``/metrics`` (``/healthz`` answers anyone, its details only with a key). Without either the proxy starts
     only on a loopback address."""
     keys_file: str = ""
-    """One key per user: lines ``<user id> <key>`` (keys of 16 characters or more; keep it 0600)."""
+    """One key per user: lines ``<user id> <key>`` (keys of 16 characters or more) or ``<user id>
+    sha256:<hex digest>`` (what ``turnstream keys add`` writes); keep it 0600. Read again when it changes."""
+    keys_reload_s: PositiveFloat = 2.0
+    """How often the proxy looks whether ``keys_file`` changed: a key added or revoked takes effect within this,
+    without a restart; a file it cannot use leaves the keys it had (``turnstream_proxy_keys_reloads_total``)."""
     served_model_name: str = "turnstream-policy"
     """The model name ``/v1/models`` lists and responses carry; requests may name any model (``side_models`` aside)."""
     max_body_bytes: PositiveInt = 8 * 1024 * 1024

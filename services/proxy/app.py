@@ -71,6 +71,11 @@ from services.proxy.validation import (
 log = logging.getLogger("turnstream.proxy")
 
 REQUESTS = Counter("turnstream_proxy_requests_total", "Chat requests", ["turn_type", "stream", "status"])
+KEYS_RELOADS = Counter(
+    "turnstream_proxy_keys_reloads_total",
+    "Times the keys file changed: ok (its keys in use), refused (unusable: the keys in use stayed)",
+    ["outcome"],
+)
 FAILOVERS = Counter(
     "turnstream_proxy_failovers_total",
     "Requests sent to another policy replica because the one chosen gave no answer",
@@ -140,6 +145,17 @@ class ChatProxy(SessionFlow, Recording):
     async def startup(self) -> None:
         if self._state is None:
             self._state = await build_state(self.config)
+            if self.keys.path is not None:
+                self._state.background.append(asyncio.create_task(self.follow_keys()))
+
+    async def follow_keys(self) -> None:
+        """The keys file read again when it changes (``ProxyKeys.reload``): keys added or revoked (``turnstream
+        keys``, a Secret updated) take effect within ``proxy.keys_reload_s``, without a restart."""
+        while True:
+            await asyncio.sleep(self.pc.keys_reload_s)
+            outcome = await asyncio.to_thread(self.keys.reload)
+            if outcome is not None:
+                KEYS_RELOADS.labels("ok" if outcome else "refused").inc()
 
     async def shutdown(self) -> None:
         state = self._state

@@ -1,8 +1,11 @@
 """Who may use the proxy: its keys, each naming a user.
 
 ``proxy.api_key`` is one key (user ``default``); ``proxy.keys_file`` holds one key per user, a line
-``<user id> <key>`` each (``#`` starts a comment), so people can be told apart and one key revoked alone. Keys are
-looked up by their SHA-256, so comparing a presented key costs the same whatever it shares with a real one.
+``<user id> <key>`` or ``<user id> sha256:<hex digest of the key>`` each (``#`` starts a comment), so people can be
+told apart and one key revoked alone. ``turnstream keys`` writes the hashed form, so the file never holds a key
+anyone could use. Keys are looked up by their SHA-256, so comparing a presented key costs the same whatever it
+shares with a real one. The proxy reads the file again when it changes (``ProxyKeys.reload``): a key added or
+revoked takes effect without a restart; a file it cannot use leaves the keys it had.
 """
 
 from __future__ import annotations
@@ -28,6 +31,26 @@ def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
 
+HASHED = "sha256:"
+"""A keys file's hashed key: ``sha256:`` and the key's SHA-256 in hex."""
+
+
+def hashed(key: str) -> str:
+    """What ``turnstream keys`` writes for ``key``."""
+    return HASHED + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _line_digest(field: str) -> bytes | None:
+    """The digest a keys file's second field stands for; None when it is neither a key nor a hashed one."""
+    if field.startswith(HASHED):
+        try:
+            digest = bytes.fromhex(field.removeprefix(HASHED))
+        except ValueError:
+            return None
+        return digest if len(digest) == 32 else None
+    return _digest(field.encode()) if len(field) >= 16 else None
+
+
 def read_keys_file(path: Path) -> dict[bytes, str]:
     """Key digest -> user id. Refuses duplicate keys and lines without both fields; warns when others can read it."""
     try:
@@ -43,26 +66,66 @@ def read_keys_file(path: Path) -> dict[bytes, str]:
         if not line:
             continue
         parts = line.split()
-        if len(parts) != 2 or len(parts[1]) < 16:
-            raise KeyFileError(f"{path}:{n}: expected '<user id> <key>' with a key of at least 16 characters")
-        user, key = parts
+        digest = _line_digest(parts[1]) if len(parts) == 2 else None
+        if digest is None:
+            raise KeyFileError(
+                f"{path}:{n}: expected '<user id> <key>' with a key of at least 16 characters, or "
+                "'<user id> sha256:<64 hex digits>'"
+            )
+        user = parts[0]
         if (problem := user_id_problem(user)) is not None:
             raise KeyFileError(f"{path}:{n}: {problem} (sessions are recorded as '<user id>/<session id>')")
-        digest = _digest(key.encode())
         if digest in keys:
             raise KeyFileError(f"{path}:{n}: this key is already given to {keys[digest]!r}")
         keys[digest] = user
     return keys
 
 
+def _version(path: Path) -> tuple[int, int, int] | None:
+    """What tells one state of the file from the next (a rewrite in place or a rename over it, as Kubernetes
+    updates a mounted Secret); None when it cannot be read."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
 class ProxyKeys:
     def __init__(self, api_key: str | None, keys_file: str) -> None:
-        self.users: dict[bytes, str] = read_keys_file(Path(keys_file)) if keys_file else {}
-        self.per_user = bool(self.users)
+        self.api_key = api_key
+        self.path = Path(keys_file) if keys_file else None
+        self.seen = _version(self.path) if self.path is not None else None
+        self.users: dict[bytes, str] = {}
+        self.per_user = False
         """Users told apart: each session belongs to the user whose key started it, and a turn's ``user`` is the
         key's user, not what the client wrote."""
-        if api_key:
-            self.users[_digest(api_key.encode())] = DEFAULT_USER
+        self._use(read_keys_file(self.path) if self.path is not None else {})
+
+    def _use(self, from_file: dict[bytes, str]) -> None:
+        users = dict(from_file)
+        if self.api_key:
+            users[_digest(self.api_key.encode())] = DEFAULT_USER
+        self.users, self.per_user = users, bool(from_file)
+
+    def reload(self) -> bool | None:
+        """Read the keys file again if it changed since last read: True when the new keys are in use, False when
+        it could not be used (the keys in use stay, the error is logged), None when it did not change. Blocking
+        (a stat, and a read when changed): call it in a worker thread."""
+        if self.path is None or (version := _version(self.path)) == self.seen:
+            return None
+        self.seen = version
+        try:
+            from_file = read_keys_file(self.path)
+        except KeyFileError as exc:
+            log.error("the keys file cannot be used; the keys in use stay", extra={"error": str(exc)})
+            return False
+        if self.per_user and not from_file:
+            log.error("the keys file names no user; the keys in use stay", extra={"file": str(self.path)})
+            return False
+        self._use(from_file)
+        log.info("keys file read again", extra={"users": len(set(from_file.values()))})
+        return True
 
     @property
     def required(self) -> bool:
