@@ -62,7 +62,7 @@ def routing_key(env: dict[str, str]) -> bytes:
     )
 
 
-def spread_sessions(prefix: str, replicas: list[str], each: int, secret: bytes = b"") -> list[str]:
+def spread_sessions(prefix: str, replicas: list[str], each: int, secret: bytes) -> list[str]:
     """Session ids, ``each`` of which the router sends to every one of ``replicas`` (``host:port`` names) when
     they are equally loaded, for a proxy whose routing key is ``secret`` (``routing_key``): a test that needs
     users on every replica does not depend on where the hash of this run's ports puts a handful of names."""

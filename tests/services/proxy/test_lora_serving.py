@@ -28,7 +28,7 @@ from services.trainer.checkpoints import TrainerStore
 from tests.engines import ENGINE_KEYS, LORA_ENV
 from tests.metrics import scraped
 from tests.samples import random_rl_samples
-from tests.services.proxy.conftest import ProxyProcess, spread_sessions, wait_for_turns
+from tests.services.proxy.conftest import ProxyProcess, routing_key, spread_sessions, wait_for_turns
 
 pytestmark = pytest.mark.integration
 
@@ -205,20 +205,20 @@ async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_
     """Over two replicas: the candidate is loaded beside the promoted version on each, the evaluation asks it by
     name on whichever answers, no user on either replica gets it, and the verdict reaches both."""
     urls = [lora_engine.url, second_engine.url]
-    proxy = ProxyProcess(
-        {
-            **proxy_env,
-            **LORA_ENV,
-            **ENGINE_KEYS,
-            "TURNSTREAM_ENGINE_REPLICAS": ",".join(urls),
-            "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(trained["root"]),
-            "TURNSTREAM_GATE_ENABLED": "true",
-            "TURNSTREAM_GATE_MECHANISM": "adapter",
-        }
-    )
+    env = {
+        **proxy_env,
+        **LORA_ENV,
+        **ENGINE_KEYS,
+        "TURNSTREAM_ENGINE_REPLICAS": ",".join(urls),
+        "TURNSTREAM_PROXY_WEIGHTS_ROOT": str(trained["root"]),
+        "TURNSTREAM_GATE_ENABLED": "true",
+        "TURNSTREAM_GATE_MECHANISM": "adapter",
+    }
+    proxy = ProxyProcess(env)
     chat = proxy.url + "/v1/chat/completions"
     replicas = [f"127.0.0.1:{e.port}" for e in (lora_engine, second_engine)]
-    sessions = spread_sessions("g", replicas, 3)
+    secret = routing_key(env)  # the engine keys make the routing hash keyed: the test's spread must use it
+    sessions = spread_sessions("g", replicas, 3, secret)
 
     async def decide(state: str, by: str = "gate") -> None:
         async with EventProducer(kafka) as producer:
@@ -270,7 +270,7 @@ async def test_under_the_adapter_gate_a_candidate_is_evaluated_beside_and_never_
                 assert time.monotonic() < deadline, "the version promoted by hand was never served"
                 await asyncio.sleep(0.5)
             assert promoted["choices"][0]["message"]["content"].strip() == evaluated.answers[0].answer
-            for session in spread_sessions("after-", replicas, 3):
+            for session in spread_sessions("after-", replicas, 3, secret):
                 after = await ask(session)
                 assert after["metadata"]["weight_version"] == "1", after
     finally:
