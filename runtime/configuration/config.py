@@ -565,6 +565,15 @@ class TrainerConfig(_Section):
     """Weight of the entropy bonus (0: reported, not trained on)."""
     kl_coef: NonNegFloat = 0.0
     """Weight of the KL penalty from the reference (``reference_checkpoint``; 0: no reference is loaded)."""
+    max_user_share: Annotated[float, Meta(gt=0, le=1)] = 0.25
+    """The largest share of a step's samples one user may give (``ceil(share * rollout_batch_size)``, at least 1):
+    one policy learns from everyone, so one person's flood of samples must not steer it for all. Theirs beyond it
+    wait for later steps (deferred, never dropped). Lifted for a step, and counted, when no other user sent a
+    sample within ``user_share_wait_s`` or the oldest has waited that long. A user is a session's owner under
+    per-user keys (``proxy.keys_file``); the shared key's sessions are one user. 1: no cap."""
+    user_share_wait_s: PositiveFloat = 300.0
+    """How long a step waits for other users' samples to fill it within ``max_user_share`` before it takes the
+    deferred ones (``turnstream_trainer_user_share_lifted_total{reason="waited"}``)."""
     max_staleness: NonNegInt = 4
     """A sample whose response came from weights more than this many steps behind the trainer's (counted along its
     lineage: after a restore, version numbers jump) is dropped (counted as ``stale``)."""

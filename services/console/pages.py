@@ -128,11 +128,15 @@ def overview(data: dict[str, Any]) -> str:
 
 
 STEP_FIGURES = [
-    ("clip_fraction", "clip fraction"),
-    ("kl_rollout", "KL to rollout"),
-    ("grad_norm", "grad norm"),
+    ("clip_fraction", "clip fraction", 4),
+    ("kl_rollout", "KL to rollout", 4),
+    ("grad_norm", "grad norm", 4),
+    ("users", "users", 0),
+    ("top_user_share", "top user's share", 2),
+    ("deferred_by_share", "deferred (share cap)", 0),
 ]
-"""The training step's figures shown per version (``WeightsPublished.figures``)."""
+"""The training step's figures shown per version (``WeightsPublished.figures``), with their decimals: the share
+figures say whether one person's samples dominate steps (``trainer.max_user_share``)."""
 
 
 def _versions_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -152,8 +156,8 @@ def _versions_table(rows: Sequence[dict[str, Any]]) -> str:
                 *(f'<span class="num">{_fmt(rewards.get(k), 2)}</span>' for k in kinds),
                 f'<span class="num">{_fmt(r.get("mean_response_tokens"), 1)}</span>',
                 *(
-                    f'<span class="num">{_fmt((r.get("figures") or {}).get(f), 4)}</span>'
-                    for f, _ in STEP_FIGURES
+                    f'<span class="num">{_fmt((r.get("figures") or {}).get(f), digits)}</span>'
+                    for f, _, digits in STEP_FIGURES
                 ),
                 *(
                     f'<span class="num">{_fmt(100 * held[p], 0) if p in held else ""}</span>'
@@ -167,7 +171,7 @@ def _versions_table(rows: Sequence[dict[str, Any]]) -> str:
         "published",
         *(f"reward {k}" for k in kinds),
         "response tokens",
-        *(name for _, name in STEP_FIGURES),
+        *(name for _, name, _ in STEP_FIGURES),
         *(f"held-out {p} %" for p in personas),
     ]
     return table(headers, body)

@@ -65,6 +65,9 @@ class CheckpointMeta(msgspec.Struct):
     ancestors: list[int] = msgspec.field(default_factory=list)
     """The versions behind these weights, nearest first (up to ``staleness.ANCESTORS_KEPT``): a sample's staleness
     is counted along them after a restart (a restore makes version numbers jump)."""
+    taken: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    """(partition, offset) of the samples at or past ``offsets`` already trained: a step may take a later sample
+    before an earlier one (``shares.py`` defers a user's surplus), so reading again from ``offsets`` skips these."""
 
 
 class StepRecord(msgspec.Struct):
@@ -79,6 +82,9 @@ class StepRecord(msgspec.Struct):
     samples_trained: int
     parent: int | None = None
     """The version whose weights the step trained (None: ``version - 1``); another after a restore."""
+    taken: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    """(partition, offset) of the samples at or past ``offsets`` already trained: a step may take a later sample
+    before an earlier one (``shares.py`` defers a user's surplus), so reading again from ``offsets`` skips these."""
 
 
 class RestoreMark(msgspec.Struct):
@@ -94,6 +100,9 @@ class RestoreMark(msgspec.Struct):
     """``"<partition>"`` -> where consumption goes on (the samples of the discarded steps are not trained again)."""
     reason: str
     decided_at: float
+    taken: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    """(partition, offset) of the samples at or past ``offsets`` already trained: a step may take a later sample
+    before an earlier one (``shares.py`` defers a user's surplus), so reading again from ``offsets`` skips these."""
 
 
 class ResumePlan(msgspec.Struct):

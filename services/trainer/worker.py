@@ -1,6 +1,7 @@
 """``turnstream trainer``: consumes ``samples``, trains the policy, publishes weight versions.
 
-Per step: ``rollout_batch_size`` samples (older than ``max_staleness`` versions are dropped and counted) -> one
+Per step: ``rollout_batch_size`` samples, none of one user beyond ``max_user_share`` of them (``shares.py``; older
+than ``max_staleness`` versions are dropped and counted) -> one
 optimizer step -> the weights as Hugging Face safetensors in ``versions/v<N>`` (atomic, streamed tensor by
 tensor) -> the step's record (its sample ids and ``samples`` offsets) -> every ``checkpoint_every_steps`` steps or
 ``checkpoint_every_s`` seconds a full checkpoint (model, optimizer, offsets, lineage) -> ``WeightsPublished`` ->
@@ -60,6 +61,7 @@ from services.trainer.lengths import fit_length
 from services.trainer.parallel import ParallelLayout
 from services.trainer.rank_thread import RankThread
 from services.trainer.safetensors_stream import Entry
+from services.trainer.shares import choose, user_of
 from services.trainer.staleness import ancestors, from_ancestors, steps_apart
 from services.trainer.step import StepStats
 
@@ -80,6 +82,15 @@ STALENESS = Histogram(
 LAST = Gauge("turnstream_trainer_last", "Figures of the last step", ["name"])
 REWARD = Gauge("turnstream_trainer_reward_mean", "Mean reward of the last step's samples, by kind", ["kind"])
 PENDING = Gauge("turnstream_trainer_pending_samples", "Samples held toward the next batch")
+DEFERRED = Gauge(
+    "turnstream_trainer_deferred_samples",
+    "Samples the last step left for later because their user had given it its share (trainer.max_user_share)",
+)
+SHARE_LIFTED = Counter(
+    "turnstream_trainer_user_share_lifted_total",
+    "Steps the user-share cap did not hold for: alone (one user waiting), waited (user_share_wait_s passed)",
+    ["reason"],
+)
 TRUNCATED = Counter(
     "turnstream_trainer_truncated_total",
     "Samples over trainer.max_sample_tokens trained with their prompt cut",
@@ -120,24 +131,45 @@ class _Pending:
     """Consumed samples not trained yet, and the offsets that are safe to checkpoint around them."""
 
     def __init__(self, start: dict[int, int]) -> None:
-        self.samples: list[tuple[int, int, Sample]] = []
+        self.samples: list[tuple[int, int, Sample, float]] = []
+        """(partition, offset, sample, when it was consumed: ``time.monotonic()``), in arrival order."""
         self.next_offset = dict(start)
+        self.seen: dict[str, float] = {}
+        """Each user -> when their newest sample was consumed (``shares.py``: who else is sending)."""
 
     def processed(self, partition: int, offset: int) -> None:
         self.next_offset[partition] = offset + 1
 
     def add(self, partition: int, offset: int, sample: Sample) -> None:
-        self.samples.append((partition, offset, sample))
+        now = time.monotonic()
+        self.samples.append((partition, offset, sample, now))
+        self.seen[user_of(sample.session_id)] = now
         self.processed(partition, offset)
 
-    def take(self, n: int) -> list[Sample]:
-        taken, self.samples = self.samples[:n], self.samples[n:]
-        return [s for _, _, s in taken]
+    def take_step(self, tc: TrainerConfig) -> tuple[list[Sample], set[Place], dict[str, float]] | None:
+        """The next step's samples, no user beyond its share (``shares.py``), where they were read, and the step's
+        share figures; None while the step must wait for more."""
+        now = time.monotonic()
+        self.seen = {u: t for u, t in self.seen.items() if now - t < tc.user_share_wait_s}
+        users = [user_of(s.session_id) for _, _, s, _ in self.samples]
+        waited = now - self.samples[0][3] if self.samples else 0.0
+        active = len(self.seen.keys() | set(users))
+        choice = choose(users, waited, active, tc.rollout_batch_size, tc.max_user_share, tc.user_share_wait_s)
+        if choice is None:
+            return None
+        if choice.lifted:
+            SHARE_LIFTED.labels(choice.lifted).inc()
+        DEFERRED.set(choice.deferred)
+        picked = set(choice.chosen)
+        taken = [self.samples[i][2] for i in choice.chosen]
+        places = {(self.samples[i][0], self.samples[i][1]) for i in choice.chosen}
+        self.samples = [entry for i, entry in enumerate(self.samples) if i not in picked]
+        return taken, places, choice.figures(users)
 
     def take_ids(self, ids: list[str]) -> list[Sample] | None:
         """The samples of a recorded step, in its order, once all of them have been consumed (None before)."""
         found: dict[str, int] = {}
-        for i, (_, _, s) in enumerate(self.samples):
+        for i, (_, _, s, _) in enumerate(self.samples):
             found.setdefault(s.sample_id, i)  # the first copy of a redelivered id, as ``take`` would
         if any(sid not in found for sid in ids):
             return None
@@ -146,20 +178,30 @@ class _Pending:
         self.samples = [entry for i, entry in enumerate(self.samples) if i not in chosen]
         return taken
 
-    def after_replay(self, offsets: dict[int, int], fresh: Callable[[Sample], bool]) -> None:
-        """After the last recorded step: forget samples below its safe offsets (the run that recorded it trained
-        or dropped each of them), and judge the rest's staleness now (a replay takes every sample, as the
-        recorded run may have read them at another version)."""
-        self.samples = [e for e in self.samples if e[1] >= offsets.get(e[0], 0) and fresh(e[2])]
+    def after_replay(
+        self, offsets: dict[int, int], taken: set[Place], fresh: Callable[[Sample], bool]
+    ) -> None:
+        """After the last recorded step: forget samples below its safe offsets and those past them it took (the
+        run that recorded it trained or dropped each of them), and judge the rest's staleness now (a replay takes
+        every sample, as the recorded run may have read them at another version)."""
+        self.samples = [
+            e
+            for e in self.samples
+            if e[1] >= offsets.get(e[0], 0) and (e[0], e[1]) not in taken and fresh(e[2])
+        ]
         for partition, offset in offsets.items():
             self.next_offset[partition] = max(self.next_offset.get(partition, offset), offset)
 
     def safe_offsets(self) -> dict[int, int]:
         """Per partition: where a restart must resume so that pending samples are read again."""
         safe = dict(self.next_offset)
-        for partition, offset, _ in self.samples:
+        for partition, offset, _, _ in self.samples:
             safe[partition] = min(safe.get(partition, offset), offset)
         return safe
+
+
+Place = tuple[int, int]
+"""Where a sample was read: (partition, offset) on ``samples``."""
 
 
 def _keyed(offsets: dict[int, int]) -> dict[str, int]:
@@ -191,6 +233,8 @@ class TrainerLoop:
         self.samples_trained = 0
         self.offsets: dict[int, int] = {}
         """Where the next step's samples start: the last step's safe offsets (or where consumption began)."""
+        self.taken: set[Place] = set()
+        """Samples at or past ``offsets`` trained already (or by steps a restore discarded): skipped when read."""
         self.replay: deque[StepRecord] = deque()
         """Steps after the last full checkpoint, to train again from the same samples before going on."""
         self.since_checkpoint = 0
@@ -211,8 +255,10 @@ class TrainerLoop:
             self.parents.update(from_ancestors(meta.version, meta.ancestors))
             self.trained, self.samples_trained = list(meta.trained), meta.samples_trained
             self.offsets = {int(p): o for p, o in meta.offsets.items()}
+            self.taken = set(meta.taken)
         else:  # the base weights
             self.at, self.step, self.trained, self.samples_trained = 0, 0, [], 0
+            self.taken = set()
             if plan.records:
                 self.offsets = {int(p): o for p, o in plan.records[0].offsets_before.items()}
         self.version = max(plan.numbered, self.at)
@@ -220,6 +266,7 @@ class TrainerLoop:
         self.mark = plan.mark
         if self.mark is not None and not self.replay:
             self.offsets = {int(p): o for p, o in self.mark.offsets.items()}
+            self.taken = set(self.mark.taken)
         resumed = found is not None or bool(plan.records)
         if resumed:
             log.info(
@@ -253,7 +300,12 @@ class TrainerLoop:
             )
         self.store.write_restore(
             RestoreMark(
-                to=to, after=self.version, offsets=_keyed(self.offsets), reason=reason, decided_at=time.time()
+                to=to,
+                after=self.version,
+                offsets=_keyed(self.offsets),
+                reason=reason,
+                decided_at=time.time(),
+                taken=sorted(self.taken),
             )
         )
         discarded, was = self.samples_trained - trained_at, self.at
@@ -300,8 +352,10 @@ class TrainerLoop:
         record = self.replay.popleft()
         self.advance(samples, record.version)
         self.offsets = {int(p): o for p, o in record.offsets.items()}
+        self.taken = set(record.taken)
         if not self.replay and self.mark is not None:  # a restore: on from where the discarded steps ended
             self.offsets = {int(p): o for p, o in self.mark.offsets.items()}
+            self.taken = set(self.mark.taken)
         log.info("replayed step", extra={"version": self.at, "left": len(self.replay)})
 
     def after_replay_offsets(self) -> dict[int, int]:
@@ -316,10 +370,17 @@ class TrainerLoop:
         self.samples_trained += len(samples)
         self.since_checkpoint += 1
 
-    def persist(self, samples: list[Sample], offsets: dict[int, int], checkpoint: bool) -> WeightsPublished:
+    def persist(
+        self,
+        samples: list[Sample],
+        offsets: dict[int, int],
+        checkpoint: bool,
+        places: set[Place] | None = None,
+    ) -> WeightsPublished:
         """After a step: the new version on disk, its step record, and a full checkpoint when due. The loop's
         state moves only once both are written: a failure before leaves it at the last recorded step."""
         version = self.version + 1
+        taken = {(p, o) for p, o in self.taken | (places or set()) if o >= offsets.get(p, 0)}
         path, digest = self.store.write_version(
             version, self.policy.entries(), self.policy.hf_stream(), self.base, self.policy.version_files()
         )
@@ -331,11 +392,12 @@ class TrainerLoop:
                 offsets=_keyed(offsets),
                 samples_trained=self.samples_trained + len(samples),
                 parent=self.at if self.at != version - 1 else None,
+                taken=sorted(taken),
             )
         )
         self.advance(samples, version)
         self.mark = None
-        self.offsets = dict(offsets)
+        self.offsets, self.taken = dict(offsets), taken
         if checkpoint:
             self.checkpoint()
         self.store.prune_versions(self.tc.keep_versions, protect={self.version, *self.protected})
@@ -352,6 +414,7 @@ class TrainerLoop:
             offsets=_keyed(self.offsets),
             trained=list(self.trained),
             samples_trained=self.samples_trained,
+            taken=sorted(self.taken),
             base_model=self.base,
             ancestors=ancestors(self.parents, self.at),
         )
@@ -567,6 +630,9 @@ async def _run_rank(
             )
             for tp, records in batch.items():
                 for rec in records:
+                    if (tp.partition, rec.offset) in trainer.taken:
+                        pending.processed(tp.partition, rec.offset)  # trained before a restart: read again
+                        continue
                     decoded = await decode_or_dead_letter(rec, Sample, producer, tc.group_id)
                     if decoded is None:  # on deadletter before its offset is passed, or forgotten
                         session = await forgotten_session(kafka, rec.key, rec.value or b"")
@@ -610,7 +676,7 @@ async def _run_rank(
                     await torch_thread.run(trainer.train, replayed)
                 trainer.replayed(replayed)
                 if not trainer.replay:
-                    pending.after_replay(trainer.offsets, trainer.fresh)
+                    pending.after_replay(trainer.offsets, trainer.taken, trainer.fresh)
             if gate is not None and not trainer.replay:
                 promotion = await gate.promotion(force=len(pending.samples) >= tc.rollout_batch_size)
                 if promotion is not None:
@@ -620,16 +686,16 @@ async def _run_rank(
                             pending = await seek()
                             gate.forget()
                             continue
-            while not trainer.replay and len(pending.samples) >= tc.rollout_batch_size and not stop.is_set():
-                samples = pending.take(tc.rollout_batch_size)
+            while not trainer.replay and not stop.is_set() and (step := pending.take_step(tc)) is not None:
+                samples, places, shares = step
                 offsets = pending.safe_offsets()
                 checkpoint = trainer.checkpoint_due()
                 stats = await torch_thread.run(trainer.train, samples, checkpoint)
-                announcement = await torch_thread.run(trainer.persist, samples, offsets, checkpoint)
+                announcement = await torch_thread.run(trainer.persist, samples, offsets, checkpoint, places)
                 announcement = msgspec.structs.replace(
                     announcement,
                     sample_ids=[s.sample_id for s in samples],
-                    figures=_figures(stats),
+                    figures={**_figures(stats), **shares},
                     advantages=[stats.advantages[s.sample_id] for s in samples],
                 )
                 await producer.send(WEIGHTS, announcement, "policy")

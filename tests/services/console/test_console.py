@@ -44,7 +44,12 @@ def events(session_id: str = "s1") -> list[Any]:
         accepted=True,
         hint="Say the answer plainly.",
     )
-    trained = msgspec.structs.replace(found[WeightsPublished], sample_ids=[turn.turn_id], advantages=[0.4375])  # type: ignore[type-var]
+    trained = msgspec.structs.replace(
+        found[WeightsPublished],  # type: ignore[type-var]
+        sample_ids=[turn.turn_id],
+        advantages=[0.4375],
+        figures={"users": 5.0, "top_user_share": 0.25, "deferred_by_share": 36.0},
+    )
     return [*(e for t, e in found.items() if t is not WeightsPublished), hint, trained]
 
 
@@ -94,6 +99,9 @@ async def test_pages_show_the_pipeline_and_unknown_ids_are_404_pages(tmp_path: P
 
         versions = await http.get("/versions")
         assert versions.status_code == 200 and "<polyline" in versions.text and "plain-short" in versions.text
+        # each step's share figures (trainer.max_user_share): users, the top user's share, samples deferred
+        assert "top user&#x27;s share" in versions.text or "top user's share" in versions.text
+        assert re.search(r">5</span>.*>0\.25</span>.*>36</span>", versions.text, re.S)
 
         for missing in ("/turns/nope:1", "/sessions/nobody", "/no/such/page"):
             gone = await http.get(missing)

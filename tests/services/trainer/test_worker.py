@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from runtime.configuration.config import Config, KafkaConfig, TrainerConfig
-from runtime.messaging.bus import read_topic
+from runtime.messaging.bus import EventProducer, read_topic
 from runtime.messaging.topics import create_topics
-from schemas import WeightsPublished
-from schemas.topics import WEIGHTS
+from schemas import Sample, WeightsPublished
+from schemas.topics import SAMPLES, WEIGHTS
 from services.trainer.checkpoints import TrainerStore
 from services.trainer.model import read_hf_weights
 from services.trainer.spec import ModelSpec
@@ -117,6 +117,44 @@ async def test_stale_samples_are_dropped(kafka: KafkaConfig, tiny_llama: Path, t
     assert sorted(lineage(out)[4:]) == sorted(make_sample(200 + i).sample_id for i in range(4))
 
 
+async def test_one_users_flood_gives_each_step_its_share_and_the_rest_is_trained_later_once(
+    kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
+) -> None:
+    """Issue 55, row 11: samples were trained in arrival order, so one key could fill whole steps. Now no user
+    gives a step more than ``max_user_share`` of it while others wait; theirs beyond it are deferred (safe offsets
+    hold them over a restart) and trained once, when they are all that is left."""
+    from prometheus_client import REGISTRY
+
+    def owned(user: str, i: int) -> Sample:
+        return msgspec.structs.replace(make_sample(i), sample_id=f"{user}/s:{i}", session_id=f"{user}/s")
+
+    flood = [owned("mallory", i) for i in range(8)]
+    others = [owned("alice", 100 + i) for i in range(2)] + [owned("bob", 200 + i) for i in range(2)]
+    async with EventProducer(kafka) as producer:  # one partition: the flood first, in order
+        for sample in flood + others:
+            await producer.send(SAMPLES, sample, "one-partition")
+    out = tmp_path / "weights"
+    lifted = (
+        REGISTRY.get_sample_value("turnstream_trainer_user_share_lifted_total", {"reason": "alone"}) or 0.0
+    )
+    await run(config(kafka, tiny_llama, out, max_steps=2, max_user_share=0.5))
+    steps = [r.event async for r in read_topic(kafka, WEIGHTS)]
+    mallorys = [sum(sid.startswith("mallory/") for sid in w.sample_ids) for w in steps]
+    assert mallorys == [2, 2], [w.sample_ids for w in steps]
+    assert (
+        all(w.figures["top_user_share"] == 0.5 for w in steps) and steps[0].figures["deferred_by_share"] >= 1
+    )
+    # A restart: the deferred four are read again (the safe offsets stayed below them) and, alone now, trained;
+    # the four past them that the steps took are not trained twice.
+    await run(config(kafka, tiny_llama, out, max_steps=1, max_user_share=0.5))
+    trained = lineage(out)
+    assert sorted(trained) == sorted(s.sample_id for s in flood + others) and len(set(trained)) == 12
+    after = (
+        REGISTRY.get_sample_value("turnstream_trainer_user_share_lifted_total", {"reason": "alone"}) or 0.0
+    )
+    assert after - lifted == 1
+
+
 async def test_records_that_are_not_samples_go_to_deadletter_and_training_goes_on(
     kafka: KafkaConfig, tiny_llama: Path, tmp_path: Path
 ) -> None:
@@ -206,12 +244,14 @@ def test_after_a_replay_pending_samples_are_those_the_recorded_run_had_not_resol
     pending.add(1, 1, make_sample(1))  # a redelivery of sample 1
     taken = pending.take_ids([make_sample(1).sample_id])
     assert taken is not None and [s.sample_id for s in taken] == [make_sample(1).sample_id]
-    assert [(p, o) for p, o, _ in pending.samples] == [(0, 0), (0, 2), (1, 0), (1, 1)]
+    assert [(p, o) for p, o, _, _ in pending.samples] == [(0, 0), (0, 2), (1, 0), (1, 1)]
     assert pending.take_ids(["never-seen"]) is None
     stale = make_sample(2).sample_id
-    pending.after_replay({0: 1, 1: 1}, lambda s: s.sample_id != stale)
-    # (0, 0) and (1, 0) lie below the recorded safe offsets; (0, 2) is stale now; the redelivery stays
-    assert [(p, o) for p, o, _ in pending.samples] == [(1, 1)]
+    pending.add(1, 2, make_sample(4))
+    pending.after_replay({0: 1, 1: 1}, {(1, 2)}, lambda s: s.sample_id != stale)
+    # (0, 0) and (1, 0) lie below the recorded safe offsets; (0, 2) is stale now; (1, 2), past them, was taken
+    # by the recorded run (a user's surplus deferred below it); the redelivery stays
+    assert [(p, o) for p, o, _, _ in pending.samples] == [(1, 1)]
 
 
 def test_a_failed_publish_leaves_the_loop_at_its_last_recorded_step(tmp_path: Path) -> None:
