@@ -37,9 +37,11 @@ COPY examples ./examples
 
 # The mount points of compose's named volumes exist here, owned by the user: a new volume takes its owner from the
 # image, and a root-owned one would be read-only to the services (the console's /console was, at first contact).
+# /run/turnstream/keys holds the proxy's per-user keys file (compose's proxy-keys volume): the user's alone.
 RUN useradd --create-home --uid 10001 turnstream \
-    && mkdir -p /var/cache/turnstream /spool /weights /console \
-    && chown turnstream /var/cache/turnstream /spool /weights /console
+    && mkdir -p /var/cache/turnstream /spool /weights /console /run/turnstream/keys \
+    && chown turnstream /var/cache/turnstream /spool /weights /console /run/turnstream/keys \
+    && chmod 700 /run/turnstream/keys
 USER turnstream
 
 ENTRYPOINT ["python", "-m", "services.cli"]

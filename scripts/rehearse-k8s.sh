@@ -14,7 +14,8 @@
 #      both replicas, sessions spread over both replicas, topics with 3 copies;
 #   5. faults in the middle of traffic: a policy pod, a Kafka broker pod and a trainer pod deleted: every turn
 #      answered and recorded once, training goes on, no sample trained twice;
-#   6. `helm upgrade` to a new configuration while sessions run: no turn lost;
+#   6. per-user keys: one added with scripts/k8s/keys.sh is served by every proxy (no restart), kept across
+#      `helm upgrade` to a new configuration while sessions run (no turn lost), revoked and then refused;
 #   7. everything stopped and removed, the host's settings as before (also on failure).
 #
 # It prints PASS/FAIL per check and the time, and exits non-zero on any failure. REHEARSE_KEEP=1 leaves the
@@ -142,6 +143,21 @@ checks verdict "the console answers through its Service" inside curl -fsS -H "Ho
 checks verdict "the console serves its token" inside curl -fsS -o /dev/null -H "Host: localhost" \
     -H "Authorization: Bearer $CONSOLE_TOKEN" "http://$console_ip:8080/api/sessions"
 
+log "[$layout] per-user keys: scripts/k8s/keys.sh adds one to the chart's Secret; every proxy serves it"
+export KUBECTL="bash scripts/k8s/cluster.sh in kubectl" RELEASE
+user_key="$(bash scripts/k8s/keys.sh add rehearse-alice | tail -1)"
+every_proxy_answers() {  # every_proxy_answers KEY STATUS: each proxy pod gives KEY that status on /v1/models
+    local ip
+    for ip in $(k get pods -l app.kubernetes.io/instance="$RELEASE",app.kubernetes.io/component=proxy \
+        -o jsonpath='{.items[*].status.podIP}'); do
+        [[ "$(inside curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $1" "http://$ip:8000/v1/models")" == "$2" ]] \
+            || return 1
+    done
+}
+checks verdict "a key added by scripts/k8s/keys.sh is served by every proxy, none restarted" \
+    wait_for 240 every_proxy_answers "$user_key" 200
+checks verdict "the shared key still serves" every_proxy_answers "$PROXY_API_KEY" 200
+
 deleted_in_traffic p "$FN-policy-1" "a policy pod deleted in the middle of traffic"
 checks pipeline engine
 deleted_in_traffic k "$FN-kafka-1" "a Kafka broker pod deleted in the middle of traffic"
@@ -153,6 +169,9 @@ checks talk_while u inside helm upgrade "$RELEASE" "$CHART" "${install_args[@]}"
 checks verdict "every pod ready after the upgrade" wait_for 1500 all_ready
 checks verdict "the proxy runs the new configuration" test \
     "$(k get statefulset "$FN-proxy" -o jsonpath='{.spec.template.spec.containers[0].env[?(@.name=="TURNSTREAM_PROXY_OVERLOAD_ABS")].value}')" = 6
+checks verdict "the per-user key survived the upgrade" every_proxy_answers "$user_key" 200
+bash scripts/k8s/keys.sh revoke rehearse-alice
+checks verdict "revoked, it is refused by every proxy" wait_for 240 every_proxy_answers "$user_key" 401
 checks pipeline flow "$version" --within 900
 checks pipeline lineage
 [[ $failures -eq 0 ]] || { k get pods -o wide >&2; k logs "$FN-trainer-0" --tail 40 >&2 || true; }

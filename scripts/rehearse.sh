@@ -17,7 +17,8 @@
 #      their vendors' SDKs; turns recorded, paired, judged, taught,
 #      sampled, trained; the policy server loads the version from the shared volume (one-gpu: as a LoRA adapter
 #      beside the base) once the gate promoted it (GATE_ENABLED, on unless REHEARSE_GATE=false) and a new turn
-#      carries it; the console and Prometheus answer, the console's logged login link opens it, every Prometheus
+#      carries it; a per-user key added with the keys service is served and, revoked, refused without a restart;
+#      the console and Prometheus answer, the console's logged login link opens it, every Prometheus
 #      target is up; `down` and `up` again: the volumes keep the state, the trainer resumes, versions go on and no
 #      sample is trained twice; `down -v`. The replicas layout also checks that sessions spread over both policy
 #      servers and stay put, every topic has 3 copies, and kills in the middle of traffic a Kafka broker, the Redis
@@ -185,6 +186,16 @@ for layout in $LAYOUTS; do
     checks verdict "the console's login link opens it" curl -fsS -o /dev/null "$login_link"
     log_without_token() { ! compose logs console 2>/dev/null | grep -qF "$CONSOLE_TOKEN"; }
     checks verdict "the console's log holds no token" log_without_token
+    # Per-user keys as docs/security.md says to deploy them: the keys service writes the proxy's keys volume.
+    status_of() { curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $1" "$proxy/v1/models"; }
+    answers() { [[ "$(status_of "$1")" == "$2" ]]; }
+    user_key="$(compose run --rm -T keys add rehearse-alice 2>/dev/null | tail -1)"
+    checks verdict "a key made by 'docker compose run --rm keys add' is served" wait_for 30 answers "$user_key" 200
+    listed() { compose run --rm -T keys list 2>/dev/null | grep -q '^rehearse-alice '; }
+    checks verdict "'keys list' names its user" listed
+    compose run --rm -T keys revoke rehearse-alice >/dev/null 2>&1 || true
+    checks verdict "the key revoked is refused, the proxy not restarted" wait_for 30 answers "$user_key" 401
+    checks verdict "the shared key still serves" answers "$PROXY_API_KEY" 200
     reach() {  # whether the service's container can open a policy server's health check
         compose exec -T "$1" python -c \
             "import urllib.request; urllib.request.urlopen('http://${2:-sglang-policy}:30000/health', timeout=5)" \

@@ -830,3 +830,27 @@ def test_ha_every_service_reaches_three_brokers_and_the_redis_master_through_sen
     ).kafka
     assert topics.replication(3) == (3, 2)
     assert {"kafka", "kafka-2", "kafka-3"} <= set(services["topics"]["depends_on"])
+
+
+def test_per_user_keys_are_a_volume_the_proxy_reads_and_only_the_keys_service_writes() -> None:
+    """Issue 55, row 9: compose set ``TURNSTREAM_PROXY_KEYS_FILE`` and mounted nothing, so per-user keys could not
+    be deployed. Now the proxy reads the file from the ``proxy-keys`` volume, read-only; ``docker compose run --rm
+    keys add alice`` (profile ``admin``, never started by ``up``, no network) is what writes it; the image makes
+    the mount point its user's, so a new volume is writable by the keys service and readable by the proxy."""
+    services = json.loads(resolve(COMPOSE_PROFILES="admin").stdout)["services"]
+    proxy, keys = services["proxy"], services["keys"]
+    path = proxy["environment"]["TURNSTREAM_PROXY_KEYS_FILE"]
+    assert keys["environment"]["TURNSTREAM_PROXY_KEYS_FILE"] == path
+    folder = str(Path(path).parent)
+
+    def mount(service: dict[str, Any]) -> dict[str, Any]:
+        return next(v for v in service["volumes"] if v["target"] == folder)
+
+    assert mount(proxy)["source"] == mount(keys)["source"] == "proxy-keys"
+    assert mount(proxy)["read_only"] and not mount(keys).get("read_only")
+    assert keys["profiles"] == ["admin"] and keys["network_mode"] == "none" and not keys.get("depends_on")
+    entry = [*keys["entrypoint"][3:], *keys["command"]]
+    assert _parser().parse_args(entry).command == "keys"
+    assert {s for s, c in services.items() if folder in str(c.get("volumes", []))} == {"proxy", "keys"}
+    assert re.search(rf"chown turnstream [^\n]*{folder}", (REPO / "Dockerfile").read_text())
+    assert "keys" not in json.loads(resolve().stdout)["services"]

@@ -58,7 +58,7 @@ def read_keys_file(path: Path) -> dict[bytes, str]:
         mode = path.stat().st_mode
     except OSError as exc:
         raise KeyFileError(f"proxy.keys_file {path}: {exc.strerror}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+    if mode & stat.S_IRWXO:  # group-readable is how Kubernetes mounts a Secret for a pod's fsGroup
         log.warning(f"proxy.keys_file {path} is readable by others: chmod 600 it", extra={"mode": oct(mode)})
     keys: dict[bytes, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
@@ -91,6 +91,16 @@ def _version(path: Path) -> tuple[int, int, int] | None:
     return st.st_mtime_ns, st.st_size, st.st_ino
 
 
+def _first_read(path: Path) -> dict[bytes, str]:
+    """The keys at start. A file not made yet in a folder that is there (a deployment's mounted keys folder before
+    the first ``turnstream keys add``) is no per-user keys yet, read when it appears; a missing folder is a
+    mistake in the setting and is refused."""
+    if not path.exists() and path.parent.is_dir():
+        log.info("no keys file yet: the shared key only until one is written", extra={"file": str(path)})
+        return {}
+    return read_keys_file(path)
+
+
 class ProxyKeys:
     def __init__(self, api_key: str | None, keys_file: str) -> None:
         self.api_key = api_key
@@ -100,7 +110,7 @@ class ProxyKeys:
         self.per_user = False
         """Users told apart: each session belongs to the user whose key started it, and a turn's ``user`` is the
         key's user, not what the client wrote."""
-        self._use(read_keys_file(self.path) if self.path is not None else {})
+        self._use(_first_read(self.path) if self.path is not None else {})
 
     def _use(self, from_file: dict[bytes, str]) -> None:
         users = dict(from_file)
@@ -120,7 +130,7 @@ class ProxyKeys:
         except KeyFileError as exc:
             log.error("the keys file cannot be used; the keys in use stay", extra={"error": str(exc)})
             return False
-        if self.per_user and not from_file:
+        if self.per_user and not from_file and not self.api_key:  # no key left: anyone would be served
             log.error("the keys file names no user; the keys in use stay", extra={"file": str(self.path)})
             return False
         self._use(from_file)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from runtime.configuration.config import KafkaConfig, RedisConfig
-from services.proxy.keys import ProxyKeys
+from services.proxy.keys import KeyFileError, ProxyKeys
 from tests.services.proxy.conftest import StubProxy
 
 
@@ -65,6 +65,25 @@ def test_a_keys_file_the_proxy_cannot_use_leaves_the_keys_it_had(tmp_path: Path)
     assert served.reload() is False and served.user("Bearer alice-key-0123456789abcdef") == "alice"
     file.write_text("# nobody left\n")
     assert served.reload() is False and served.user("Bearer alice-key-0123456789abcdef") == "alice"
+
+
+def test_a_mounted_keys_folder_without_a_file_yet_serves_the_shared_key_until_one_is_written(
+    tmp_path: Path,
+) -> None:
+    """A deployment mounts the keys folder before anyone ran ``turnstream keys add``: the proxy starts on its
+    shared key and takes the file when it appears; a folder that is not there is a wrong setting, refused."""
+    file = tmp_path / "keys"
+    served = ProxyKeys("shared-key-0123456789", str(file))
+    assert not served.per_user and served.user("Bearer shared-key-0123456789") == "default"
+    assert served.reload() is None
+    alice = keys("add", "alice", file=file).stdout.strip()
+    assert served.reload() is True and served.per_user and served.user(f"Bearer {alice}") == "alice"
+    # the last per-user key revoked: the file names nobody, and the shared key alone is served again
+    assert keys("revoke", "alice", file=file).returncode == 0
+    assert served.reload() is True and not served.per_user and served.user(f"Bearer {alice}") is None
+    assert served.user("Bearer shared-key-0123456789") == "default"
+    with pytest.raises(KeyFileError, match="No such file"):
+        ProxyKeys("shared-key-0123456789", str(tmp_path / "absent" / "keys"))
 
 
 @pytest.mark.integration

@@ -32,6 +32,11 @@ imagePullPolicy: {{ $i.pullPolicy }}
 {{- .Values.secrets.existingSecret | default (printf "%s-keys" (include "ts.fullname" .)) -}}
 {{- end -}}
 
+{{/* The Secret whose "keys" is the proxy's per-user keys file (scripts/k8s/keys.sh changes it). */}}
+{{- define "ts.proxyKeysSecret" -}}
+{{- .Values.proxy.keys.existingSecret | default (printf "%s-proxy-keys" (include "ts.fullname" .)) -}}
+{{- end -}}
+
 {{/* Bundled Kafka's brokers by their stable names (StatefulSet pods behind a headless Service), or yours. */}}
 {{- define "ts.kafkaBootstrap" -}}
 {{- if .Values.kafka.bundled -}}
