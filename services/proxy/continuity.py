@@ -50,7 +50,8 @@ log = logging.getLogger("turnstream.proxy")
 _pack = msgspec.msgpack.Encoder().encode
 _sorted_json = msgspec.json.Encoder(order="sorted").encode
 
-# KEYS[1]: the link the request continues ('' when it continues none); ARGV[1]: the turn counters' prefix,
+# KEYS[1]: the link the request continues (absent when it continues none: no empty key name, which a Redis ACL
+# refuses); ARGV[1]: the turn counters' prefix,
 # ARGV[2]: a new session id, ARGV[3]: a counter's expiry after its session's last turn. Returns a status line (the
 # pipelined client reads those):
 #   "new SID N" | "continue SID N" | "branch SID N OLD_SID SUPERSEDED" (SUPERSEDED 0: none to close).
@@ -62,7 +63,7 @@ local function bump(sid)
   return n
 end
 local link = false
-if KEYS[1] ~= '' then link = redis.call('GET', KEYS[1]) end
+if KEYS[1] then link = redis.call('GET', KEYS[1]) end
 if link then
   local sid, n, taken = string.match(link, '^(%S+) (%d+)(.*)$')
   if taken == '' then
@@ -80,9 +81,9 @@ _RESOLVE_SHA = hashlib.sha1(_RESOLVE).hexdigest().encode()
 
 # A turn that resolved but was never answered (the engine failed, the stream broke off): its link is free again
 # and its number given back when nothing took a later one, so the client's retry continues the session.
-# KEYS[1]: the link ('' when none), ARGV[1]: the session's counter, ARGV[2]: the turn's number.
+# KEYS[1]: the link (absent when none), ARGV[1]: the session's counter, ARGV[2]: the turn's number.
 _RELEASE = b"""
-if KEYS[1] ~= '' then
+if KEYS[1] then
   local link = redis.call('GET', KEYS[1])
   if link and string.sub(link, -2) == ' c' then
     redis.call('SET', KEYS[1], string.sub(link, 1, -3), 'KEEPTTL')
@@ -232,8 +233,8 @@ class Continuity:
     def ask(self, continues: bytes | None, fresh: str) -> Asked:
         """Send the resolution now (written to the connection before the engine call is even prepared, so that
         its reply is usually read in the same wake-up as the engine's); ``resolve`` reads it."""
-        key = self._key(continues) if continues is not None else b""
-        args = (b"1", key, self.counters, fresh.encode(), self.session_ttl)
+        keys = (b"1", self._key(continues)) if continues is not None else (b"0",)
+        args = (*keys, self.counters, fresh.encode(), self.session_ttl)
         return Asked(asyncio.ensure_future(self.redis.send(command(b"EVALSHA", _RESOLVE_SHA, *args))), args)
 
     async def resolve(self, asked: Asked) -> Resolved:
@@ -249,11 +250,11 @@ class Continuity:
 
     def release(self, continues: bytes | None, resolved: Resolved) -> Any:
         """Undo a resolution whose turn was never answered (see ``_RELEASE``)."""
-        key = self._key(continues) if continues is not None and resolved.how == "continue" else b""
-        counter = self.counters + resolved.session_id.encode()
-        return self.redis.send(
-            command(b"EVAL", _RELEASE, b"1", key, counter, str(resolved.turn_index).encode())
+        keys = (
+            (b"1", self._key(continues)) if continues is not None and resolved.how == "continue" else (b"0",)
         )
+        counter = self.counters + resolved.session_id.encode()
+        return self.redis.send(command(b"EVAL", _RELEASE, *keys, counter, str(resolved.turn_index).encode()))
 
     def link(self, digest: bytes, session_id: str, turn_index: int) -> Any:
         """Store the link an answer makes; written to the connection at once (before the answer's last bytes go

@@ -14,10 +14,11 @@ import hashlib
 from runtime.security.erasure.keys import fence_name
 from runtime.transport.resp import PipelinedRedis, RedisReplyError, command
 
-# KEYS[1] the session's counter, KEYS[2] its erasure fence ('' when not checked here); ARGV[1] how long the counter
-# outlives the session's last turn. -1: the session was forgotten (no counter is made for it).
+# KEYS[1] the session's counter, KEYS[2] its erasure fence (absent when not checked here: no empty key name, which
+# a Redis ACL refuses); ARGV[1] how long the counter outlives the session's last turn. -1: the session was
+# forgotten (no counter is made for it).
 _NEXT = b"""
-if KEYS[2] ~= '' and redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 local n = redis.call('INCR', KEYS[1]) redis.call('EXPIRE', KEYS[1], ARGV[1]) return n
 """
 _NEXT_SHA = hashlib.sha1(_NEXT).hexdigest().encode()
@@ -62,8 +63,11 @@ class TurnNumbers:
     async def next(self, session_id: str) -> int:
         """The session's next turn number (1 for its first turn); the counter's expiry starts again. ``FENCED`` for
         a forgotten session (when ``fences`` is set)."""
-        fence = fence_name(self.fences, session_id) if self.fences is not None else b""
-        args = (b"2", self.prefix + session_id.encode(), fence, self.ttl)
+        counter = self.prefix + session_id.encode()
+        if self.fences is not None:
+            args: tuple[bytes, ...] = (b"2", counter, fence_name(self.fences, session_id), self.ttl)
+        else:
+            args = (b"1", counter, self.ttl)
         try:
             return int(await self.redis.send(command(b"EVALSHA", _NEXT_SHA, *args)))
         except RedisReplyError as exc:

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from runtime.configuration.config import RedisConfig
 from runtime.process.ports import free_port
-from runtime.transport.resp import RedisReplyError
+from runtime.transport.resp import RedisReplyError, command
 from services.proxy.turn_numbers import TurnNumbers
 
 pytestmark = pytest.mark.integration
@@ -92,6 +92,40 @@ async def test_user_password_and_db_from_the_url(
         await db3.aclose()
         await redis_client.acl_deluser(user)
         await asyncio.gather(numbers.aclose(), wrong.aclose())
+
+
+async def test_a_user_whose_acl_allows_only_the_data_keys_numbers_and_resolves_turns(
+    redis_config: RedisConfig, redis_client: aioredis.Redis
+) -> None:
+    """Issue 55, row 8: a service's Redis user may touch only its keys (``~<prefix>*``). The proxy's scripts named
+    an empty key when a check did not apply (no fence, no link), which such an ACL refuses (NOPERM): they now pass
+    fewer keys instead."""
+    from runtime.transport.resp import PipelinedRedis
+    from services.proxy.continuity import Continuity
+
+    user, password = f"ts-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    await redis_client.acl_setuser(
+        user,
+        enabled=True,
+        passwords=[f"+{password}"],
+        keys=[f"{redis_config.key_prefix}*"],
+        commands=["+@all", "-@dangerous"],
+    )
+    parts = urlsplit(redis_config.url)
+    url = f"redis://{user}:{password}@{parts.hostname}:{parts.port}/0"
+    numbers = TurnNumbers(url, redis_config.key_prefix)
+    links = Continuity(PipelinedRedis(url), redis_config.key_prefix, ttl_s=60)
+    try:
+        assert await numbers.next("acl") == 1  # no fence here (the data keys' Redis is elsewhere)
+        fresh = await links.resolve(links.ask(None, "acl-2"))  # a conversation that continues none
+        assert (fresh.how, fresh.turn_index) == ("new", 1)
+        await links.release(None, fresh)  # never answered: its number given back
+        assert int(await redis_client.get(f"{redis_config.key_prefix}turns:acl-2")) == 0
+        with pytest.raises(RedisReplyError, match="NOPERM"):  # and the ACL does hold
+            await links.redis.send(command(b"SET", b"elsewhere", b"1"))
+    finally:
+        await redis_client.acl_deluser(user)
+        await asyncio.gather(numbers.aclose(), links.redis.aclose())
 
 
 async def test_a_reply_that_came_too_late_is_not_given_to_the_next_caller() -> None:
