@@ -7,6 +7,10 @@
 #   scripts/redis-sentinel.sh restart-old    start the server killed last again (it rejoins as a replica)
 #   scripts/redis-sentinel.sh master         print the master's host:port, as the Sentinels say
 #   scripts/redis-sentinel.sh url            print the redis+sentinel:// URL for redis.url
+# As compose.ha.yaml and the chart run it: the default user off everywhere; on the servers an ACL user for the
+# services (turnstream), the replica's link (replica), the Sentinels (sentinel) and operators (admin); on the
+# Sentinels one for clients that only asks where the master is (client) and one for the Sentinels themselves
+# (admin). Passwords are made once per data folder (secrets, 0600); the URL carries the service's and client's.
 # Settings: REDIS_SENTINEL_PORT (16479, below the ephemeral range): the servers on it and the port after, the Sentinels from it + 100.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -17,20 +21,37 @@ SENTINELS=("$(( BASE + 100 ))" "$(( BASE + 101 ))" "$(( BASE + 102 ))")
 RUN="$TURNSTREAM_CACHE/redis/sentinel-$BASE"
 GROUP=turnstream
 
-replica_up() { redis-cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null | grep -q '^master_link_status:up'; }
+replica_up() { cli -p "$1" info replication 2>/dev/null | grep -q '^master_link_status:up'; }
 synced() {  # every server that is a replica has its link to the master up
     local port; for port in "${SERVERS[@]}"; do
-        redis-cli -h 127.0.0.1 -p "$port" info replication 2>/dev/null | grep -q '^role:master' && continue
-        redis-cli -h 127.0.0.1 -p "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' || return 1
+        cli -p "$port" info replication 2>/dev/null | grep -q '^role:master' && continue
+        cli -p "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' || return 1
     done
 }
-answers() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == "PONG" ]]; }
-master() { redis-cli -h 127.0.0.1 -p "${SENTINELS[0]}" sentinel get-master-addr-by-name "$GROUP" 2>/dev/null | paste -sd: ; }
+secret() { grep "^$1=" "$RUN/secrets" | cut -d= -f2; }
+make_secrets() {
+    [[ -f "$RUN/secrets" ]] && return 0
+    local name; for name in admin replica sentinel turnstream client; do
+        printf '%s=%s\n' "$name" "$(head -c 18 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+    done >"$RUN/secrets"
+    chmod 600 "$RUN/secrets"
+}
+cli() { redis-cli --no-auth-warning --user admin --pass "$(secret admin)" -h 127.0.0.1 "$@"; }  # the operator
+answers() { [[ "$(cli -p "$1" ping 2>/dev/null)" == "PONG" ]]; }
+master() { cli -p "${SENTINELS[0]}" sentinel get-master-addr-by-name "$GROUP" 2>/dev/null | paste -sd: ; }
+named() { [[ -n "$(master)" ]]; }
 
 server() {  # PORT [replicaof PORT]
     local port="$1" dir="$RUN/server-$1"; mkdir -p "$dir" && chmod 700 "$dir"
     local args=(--bind 127.0.0.1 --port "$port" --protected-mode yes --daemonize yes --dir "$dir"
-        --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --appendonly yes --appendfsync everysec --save "")
+        --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --appendonly yes --appendfsync everysec --save ""
+        --user default off
+        --user admin on ">$(secret admin)" '~*' '&*' '+@all'
+        --user replica on ">$(secret replica)" '+psync' '+replconf' '+ping'
+        --user sentinel on ">$(secret sentinel)" allchannels '+multi' '+slaveof' '+ping' '+exec' '+subscribe'
+            '+config|rewrite' '+role' '+publish' '+info' '+client|setname' '+client|kill' '+script|kill'
+        --user turnstream on ">$(secret turnstream)" '~*' '&*' '+@all' '-@admin' '+info'
+        --masteruser replica --masterauth "$(secret replica)")
     [[ $# -gt 1 ]] && args+=(--replicaof 127.0.0.1 "$3")
     redis-server "${args[@]}" >/dev/null
     wait_for 20 answers "$port" || die "Redis did not answer on 127.0.0.1:$port"
@@ -42,7 +63,14 @@ sentinel() {  # PORT: its config is rewritten by Sentinel itself, so it is writt
 bind 127.0.0.1
 port $port
 dir $dir
+user default off
+user admin on >$(secret admin) allchannels +@all
+user client on >$(secret client) -@all +hello +ping +role +command +client|setname +client|getname +client|id +sentinel|masters +sentinel|master +sentinel|get-master-addr-by-name +sentinel|replicas +sentinel|sentinels +sentinel|myid
+sentinel sentinel-user admin
+sentinel sentinel-pass $(secret admin)
 sentinel monitor $GROUP 127.0.0.1 ${SERVERS[0]} 2
+sentinel auth-user $GROUP sentinel
+sentinel auth-pass $GROUP $(secret sentinel)
 sentinel down-after-milliseconds $GROUP 1000
 sentinel failover-timeout $GROUP 5000
 sentinel parallel-syncs $GROUP 1
@@ -56,18 +84,18 @@ start() {
     bash "$REPO_ROOT/scripts/redis.sh" install
     umask 077
     mkdir -p "$RUN"
+    make_secrets
     answers "${SERVERS[0]}" || server "${SERVERS[0]}"
     answers "${SERVERS[1]}" || server "${SERVERS[1]}" replicaof "${SERVERS[0]}"
     local port; for port in "${SENTINELS[@]}"; do answers "$port" || sentinel "$port"; done
     wait_for 30 synced || die "the replica did not finish its first copy of the master"
-    wait_for 30 bash -c "[[ -n \"\$(redis-cli -h 127.0.0.1 -p ${SENTINELS[0]} sentinel get-master-addr-by-name $GROUP 2>/dev/null)\" ]]" \
-        || die "the Sentinels name no master"
+    wait_for 30 named || die "the Sentinels name no master"
     log "Redis with Sentinel up: master $(master), Sentinels on ${SENTINELS[*]}"
 }
 
 stop() {
     local port; for port in "${SENTINELS[@]}" "${SERVERS[@]}"; do
-        answers "$port" && redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+        answers "$port" && cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
     done
     log "Redis with Sentinel stopped"
 }
@@ -88,7 +116,10 @@ restart_old() {  # it comes back as the master it was; the Sentinels turn it int
     log "Redis on 127.0.0.1:$port started again"
 }
 
-url() { local out="" p; for p in "${SENTINELS[@]}"; do out+="${out:+,}127.0.0.1:$p"; done; echo "redis+sentinel://$out/$GROUP/0"; }
+url() {
+    local out="" p; for p in "${SENTINELS[@]}"; do out+="${out:+,}127.0.0.1:$p"; done
+    echo "redis+sentinel://turnstream:$(secret turnstream)@$out/$GROUP/0?sentinel_username=client&sentinel_password=$(secret client)"
+}
 
 case "${1:-start}" in
     start) start ;;

@@ -1,7 +1,8 @@
 """High availability, both parts at once: Kafka as a replicated cluster (three KRaft nodes, scripts/kafka-cluster.sh)
 on which ``turnstream topics create`` makes three copies of every partition with ``min.insync.replicas`` 2, and a
-Redis that fails over (a master, a replica and three Sentinels, scripts/redis-sentinel.sh), named to every service
-by one ``redis+sentinel://`` URL. Both of turnstream's Redis clients (redis-py's and the proxy's pipelined one)
+Redis that fails over (a master, a replica and three Sentinels, scripts/redis-sentinel.sh, with ACL users and the
+default user off), named to every service by one ``redis+sentinel://`` URL that carries the service's user and the
+Sentinels' client user. Both of turnstream's Redis clients (redis-py's and the proxy's pipelined one)
 follow a failover; and the whole pipeline (the fault rig of tests/test_faults.py: proxy, pairer, judge, teacher,
 dispatcher as real processes) on the cluster and the Sentinel set loses nothing when a broker is killed
 (``kill -9``) and the Redis master is killed in the middle of traffic, with both left dead and with both started
@@ -11,6 +12,7 @@ again: every answered turn recorded once, every sample made once, and every reco
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -84,7 +86,9 @@ def test_sentinel_urls_name_the_group_and_refuse_what_is_not_one() -> None:
     target = sentinel_target("redis+sentinel://:pw@a:1,b/grp/2?sentinel_password=s")
     assert target is not None
     assert (target.sentinels, target.master, target.db) == ([("a", 1), ("b", 26379)], "grp", 2)
-    assert (target.password, target.sentinel_password) == ("pw", "s")
+    assert (target.password, target.sentinel_password, target.sentinel_username) == ("pw", "s", None)
+    named = sentinel_target("redis+sentinel://svc:pw@a:1/grp?sentinel_username=client&sentinel_password=s")
+    assert named is not None and (named.username, named.sentinel_username) == ("svc", "client")
     assert sentinel_target("redis://a:1/0") is None
     for bad in (
         "redis+sentinel://a:1",
@@ -97,6 +101,11 @@ def test_sentinel_urls_name_the_group_and_refuse_what_is_not_one() -> None:
 
 
 async def test_both_clients_follow_a_failover(sentinel_url: str) -> None:
+    # Issue 55, row 8: the servers and the Sentinels take ACL users only (the default user is off), as deployed.
+    anonymous = redis_client(re.sub(r"//[^@]*@", "//", sentinel_url).split("?")[0])  # no user, no password
+    with pytest.raises(Exception, match=r"(?i)auth"):
+        await anonymous.ping()
+    await anonymous.aclose()
     pipelined = PipelinedRedis(sentinel_url)
     plain = redis_client(sentinel_url)
     key = f"t-{uuid.uuid4().hex}".encode()

@@ -1026,10 +1026,8 @@ SECRET_FIELDS = ("api_key", "admin_api_key", "token", "sasl_password")
 
 
 def redacted(config: Config) -> dict[str, Any]:
-    """The configuration as plain data with every secret masked (API keys, the SASL password, a password in the
-    Redis URL): what ``turnstream config show`` prints, so it can be pasted into an issue."""
-    from urllib.parse import urlsplit, urlunsplit
-
+    """The configuration as plain data with every secret masked (API keys, the SASL password, the passwords in a
+    Redis URL, a Sentinel URL's included): what ``turnstream config show`` prints, so it can be pasted into an issue."""
     data: dict[str, Any] = msgspec.to_builtins(config)
     for section in data.values():
         if isinstance(section, dict):
@@ -1037,10 +1035,14 @@ def redacted(config: Config) -> dict[str, Any]:
                 if section.get(field):
                     section[field] = "***"
     for section, field in (("redis", "url"), ("kafka", "seal_keys_url")):
-        url = urlsplit(data[section][field])
-        if url.password:
-            user = f"{url.username}:" if url.username else ":"
-            host = url.hostname or ""
-            netloc = f"{user}***@{host}" + (f":{url.port}" if url.port else "")
-            data[section][field] = urlunsplit(url._replace(netloc=netloc))
+        data[section][field] = redacted_url(data[section][field])
     return data
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with the password of its user and any ``*password=`` in its query masked. Read as text, not by
+    ``urlsplit``: a Sentinel URL names several ``host:port`` pairs, which ``urlsplit`` cannot take apart."""
+    import re
+
+    url = re.sub(r"^([a-z+]+://[^:@/]*):[^@/]+@", r"\1:***@", url)
+    return re.sub(r"([?&][a-z_]*password=)[^&]*", r"\1***", url)

@@ -3,9 +3,10 @@ that Redis Sentinel watches and fails over (``redis+sentinel://``). Every turnst
 through here (redis-py's clients by ``redis_client``, the proxy's pipelined one by ``PipelinedRedis``), so one
 setting, ``redis.url`` (and ``kafka.seal_keys_url``), makes every service follow a failover.
 
-``redis+sentinel://[[user]:password@]host:port[,host:port...]/<master name>[/<db>][?sentinel_password=...]``:
-the Sentinels to ask (26379 when a port is left out), the name they know the group by, the database; the user and
-password are the master's, ``sentinel_password`` the Sentinels' own when they require one.
+``redis+sentinel://[[user]:password@]host:port[,host:port...]/<master name>[/<db>][?sentinel_username=...&
+sentinel_password=...]``: the Sentinels to ask (26379 when a port is left out), the name they know the group by, the
+database; the user and password are the master's (an ACL user of its own per service), ``sentinel_username`` and
+``sentinel_password`` the Sentinels' own when they require them (ACL users on the Sentinels: the default user off).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class SentinelTarget:
     username: str | None = None
     password: str | None = None
     sentinel_password: str | None = None
+    sentinel_username: str | None = None
 
     def sentinel(self, timeout_s: float = 5.0) -> Any:
         """redis-py's ``Sentinel`` for these Sentinels (it finds the master and follows a failover)."""
@@ -35,6 +37,8 @@ class SentinelTarget:
         sentinel_kwargs: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         if self.sentinel_password:
             sentinel_kwargs["password"] = self.sentinel_password
+        if self.sentinel_username:
+            sentinel_kwargs["username"] = self.sentinel_username
         return Sentinel(  # type: ignore[no-untyped-call]
             self.sentinels, sentinel_kwargs=sentinel_kwargs, socket_connect_timeout=timeout_s
         )
@@ -71,6 +75,7 @@ def sentinel_target(url: str) -> SentinelTarget | None:
         username,
         password,
         options.get("sentinel_password", [None])[0],
+        options.get("sentinel_username", [None])[0],
     )
 
 

@@ -154,6 +154,19 @@ def test_config_show_masks_every_secret() -> None:
     assert shown["teacher"]["api_key"] is None  # unset stays visible as unset
 
 
+def test_a_sentinel_urls_passwords_are_masked_and_its_hosts_kept() -> None:
+    """``config show`` took a Sentinel URL apart with ``urlsplit``, which fails on its host list (an exception where
+    a password was set) and printed ``?sentinel_password=`` in the clear."""
+    from runtime.configuration.config import redacted_url
+
+    url = "redis+sentinel://proxy:pw-1@s1:26379,s2:26379/turnstream/0?sentinel_username=client&sentinel_password=pw-2"
+    assert redacted_url(url) == (
+        "redis+sentinel://proxy:***@s1:26379,s2:26379/turnstream/0?sentinel_username=client&sentinel_password=***"
+    )
+    assert redacted_url("redis://:pw@h:1/0") == "redis://:***@h:1/0"
+    assert redacted_url("redis://h:6379/0") == "redis://h:6379/0"
+
+
 @pytest.mark.parametrize(
     ("mode", "m", "max_tokens", "eps_clip_high"),
     [("rl", 3, 4096, 0.28), ("opd", 1, 8192, 0.2), ("combine", 1, 8192, 0.28)],
