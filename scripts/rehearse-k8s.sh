@@ -127,7 +127,7 @@ deleted_in_traffic() {  # TAG POD WHAT: POD deleted 8 s into sessions, the pipel
     checks verdict "$2 replaced and ready" wait_for 900 all_ready
 }
 
-checks client talk "$proxy/v1" --sessions 4 --turns 3 --tag a
+checks client talk "$proxy/v1" --sessions 8 --turns 2 --tag a  # 8 sessions: all on one of 2 replicas 1 time in 128
 checks client apis "$proxy/v1"
 checks pipeline flow 1 --within 900
 checks pipeline gate 1 --within 600

@@ -171,7 +171,7 @@ for layout in $LAYOUTS; do
     if [[ $failures -gt $before_up ]]; then compose ps -a; compose logs --tail 60; break; fi  # nothing to drive
     log "[$layout] Grafana has no stand-in here (no registry ships it): left out of the rehearsal"
 
-    checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 3 --turns 3 --tag a
+    checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 8 --turns 2 --tag a  # 8 sessions: all on one of 2 replicas 1 time in 128
     checks .venv/bin/python scripts/rehearse/client.py apis "$proxy/v1"
     checks in_network /rehearse/pipeline_check.py flow 1 --within 900
     checks in_network /rehearse/pipeline_check.py gate 1 --within 600
