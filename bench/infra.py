@@ -29,7 +29,14 @@ def start_redis(started: Started) -> str:
     env = {"REDIS_PORT": "26379"}
     subprocess.run(["bash", str(REPO / "scripts/redis.sh"), "start"], check=True, env={**os.environ, **env})
     started.append(("redis.sh", env))
-    return "redis://127.0.0.1:26379/0"
+    url = subprocess.run(  # as its admin: the default user may only PING
+        ["bash", str(REPO / "scripts/redis.sh"), "url"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    return url.stdout.strip()
 
 
 def stop_started(started: Started) -> None:

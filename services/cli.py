@@ -69,6 +69,38 @@ def _housekeeping(sub: Subparsers) -> None:
     cfg = command(sub, "config", "print the resolved configuration as JSON", _config)
     cfg.add_argument("action", choices=["show"])
 
+    users = command(
+        sub, "redis-users", "write Redis's ACL file: a user per service (passwords from env)", _users
+    )
+    users.add_argument("--out", help="the file to write (default: standard output)")
+
+
+def _users(config: Config, args: argparse.Namespace) -> int:
+    """The ACL file for ``aclfile``: each user's password from ``TURNSTREAM_REDIS_PASSWORD_<USER>`` (hashed in the
+    file), the key patterns from this configuration's prefixes. Compose's ``redis-users`` step and the chart's Redis
+    init container run it; the file holds no password, so Redis's own user may read it."""
+    import os
+    from pathlib import Path
+
+    from runtime.security.redis_users import OPERATOR, USERS, acl_file
+
+    names = [OPERATOR, "replica", *USERS]
+    passwords = {n: os.environ.get(f"TURNSTREAM_REDIS_PASSWORD_{n.upper()}", "") for n in names}
+    try:
+        text = acl_file(passwords, config.redis.key_prefix, config.kafka.seal_keys_prefix)
+    except ValueError as exc:
+        return refuse("redis-users", f"{exc} (TURNSTREAM_REDIS_PASSWORD_<USER>)")
+    if not args.out:
+        print(text, end="")
+        return 0
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    os.replace(tmp, out)
+    print(f"turnstream redis-users: {len(names) + 1} users written to {out}", file=sys.stderr)
+    return 0
+
 
 def _topics(config: Config, args: argparse.Namespace) -> int:
     from runtime.messaging.topics import create_topics, describe_topics

@@ -44,10 +44,14 @@ def _script(name: str, action: str, env: dict[str, str]) -> None:
     subprocess.run(["bash", str(REPO / "scripts" / name), action], check=True, env={**os.environ, **env})
 
 
-def script_output(name: str, *args: str) -> str:
+def script_output(name: str, *args: str, env: dict[str, str] | None = None) -> str:
     """What ``scripts/<name> <args>`` prints (it must succeed)."""
     done = subprocess.run(
-        ["bash", str(REPO / "scripts" / name), *args], check=True, capture_output=True, text=True
+        ["bash", str(REPO / "scripts" / name), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     return done.stdout.strip()
 
@@ -95,10 +99,11 @@ def start_redis() -> Service:
         host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
         return Service(f"redis://{host}:{port}/0", "testcontainers", container.stop)
     env = {"REDIS_PORT": str(TEST_REDIS_PORT)}
-    url = f"redis://127.0.0.1:{TEST_REDIS_PORT}/0"
     if _running("redis.sh", env):  # kept, or another run's: used and left running
-        return Service(url, "script", script_env=env)
+        _script("redis.sh", "start", env)  # refuses one started without the script's users
+        return Service(script_output("redis.sh", "url", env=env), "script", script_env=env)
     _script("redis.sh", "start", env)
+    url = script_output("redis.sh", "url", env=env)  # as its admin: the default user may only PING
     return Service(url, "script", lambda: _script("redis.sh", "stop", env), env)
 
 
@@ -117,6 +122,5 @@ def start_private_redis() -> Service:
     env = {"REDIS_PORT": str(free_port())}
     _script("redis.sh", "reset", env)
     _script("redis.sh", "start", env)
-    return Service(
-        f"redis://127.0.0.1:{env['REDIS_PORT']}/0", "script", lambda: _script("redis.sh", "reset", env), env
-    )
+    url = script_output("redis.sh", "url", env=env)
+    return Service(url, "script", lambda: _script("redis.sh", "reset", env), env)

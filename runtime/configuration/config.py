@@ -790,6 +790,9 @@ class RunConfig(_Section):
     run of a fixed length); 0: until Ctrl-C."""
     console: bool = True
     """Start ``turnstream console`` (on ``console.port``, loopback; its URL is in the banner)."""
+    redis_users: bool = True
+    """Each service logs in to Redis as an ACL user of its own, made for the run through ``redis.url`` (which must
+    be allowed to: scripts/redis.sh's ``admin`` is) with the rules a deployment gets, and removed at the stop."""
 
 
 class PluginsConfig(_Section):

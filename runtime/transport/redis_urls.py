@@ -82,6 +82,9 @@ def sentinel_target(url: str) -> SentinelTarget | None:
 def redis_client(url: str, **kwargs: Any) -> aioredis.Redis:
     """redis-py's asyncio client for ``url``: a Sentinel group's master (found again after a failover: a command
     to a demoted master fails once and the next one goes to the new master), else ``from_url``."""
+    # No CLIENT SETINFO on connect: a service's ACL user may not run it, and each refusal would land in ACL LOG,
+    # where a real denial must stand out.
+    kwargs = {"lib_name": None, "lib_version": None, **kwargs}
     target = sentinel_target(url)
     if target is None:
         return aioredis.from_url(url, **kwargs)

@@ -21,12 +21,14 @@ from urllib.parse import urlparse
 import httpx
 import msgspec
 from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
 
 from runtime.configuration.config import Config
 from runtime.engine.model_store import cache_dir
-from runtime.process.supervisor import StartupFailed, Supervisor, tail
+from runtime.process.supervisor import Service, StartupFailed, Supervisor, tail
 from runtime.security.files import private_dir
 from runtime.security.tokens import console_login_url, engine_keys, proxy_key
+from services.run.own_users import give_own_users, remove_users
 from services.run.plan import plan
 from services.run.preflight import busy, ephemeral
 from services.run.progress import Progress, scrape
@@ -38,14 +40,30 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def start_local_infra(config: Config) -> None:
-    """Kafka and Redis from scripts/ on the ports the configuration names (left running afterwards)."""
+def start_local_infra(config: Config) -> Config:
+    """Kafka and Redis from scripts/ on the ports the configuration names (left running afterwards); ``config``
+    logging in to that Redis as its ``admin`` (scripts/redis.sh's), unless ``redis.url`` names a user already."""
     kafka_port = config.kafka.bootstrap.split(",")[0].rsplit(":", 1)[-1]
     redis_port = str(urlparse(config.redis.url).port or 6379)
     for script, env in (("kafka.sh", {"KAFKA_PORT": kafka_port}), ("redis.sh", {"REDIS_PORT": redis_port})):
         subprocess.run(
             ["bash", str(REPO / "scripts" / script), "start"], check=True, env={**os.environ, **env}
         )
+    if urlparse(config.redis.url).password:
+        return config
+    admin = subprocess.run(
+        ["bash", str(REPO / "scripts" / "redis.sh"), "url"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "REDIS_PORT": redis_port},
+    ).stdout.strip()
+    kafka = config.kafka
+    if kafka.seal_keys_url == config.redis.url:
+        kafka = msgspec.structs.replace(kafka, seal_keys_url=admin)
+    return msgspec.structs.replace(
+        config, redis=msgspec.structs.replace(config.redis, url=admin), kafka=kafka
+    )
 
 
 def _write_status(path: Path, progress: Progress) -> None:
@@ -96,7 +114,7 @@ async def run_pipeline(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if rc.local_infra:
         _say("starting local Kafka and Redis (scripts/kafka.sh, scripts/redis.sh)")
-        await asyncio.to_thread(start_local_infra, config)
+        config = await asyncio.to_thread(start_local_infra, config)
     await create_topics(config.kafka)
     model = config.trainer.hf_checkpoint or str(await asyncio.to_thread(fetch_smollm2))
     if not config.proxy.api_key and not config.proxy.keys_file:  # a key of its own, kept for the next run
@@ -124,6 +142,7 @@ async def run_pipeline(
             f"turnstream run: warning: {', '.join(risky)} in the kernel's ephemeral range "
             "(/proc/sys/net/ipv4/ip_local_port_range), where any outgoing connection may take it first"
         )
+    services, users = await _own_users(config, services)
     supervisor = Supervisor(services, run_dir, rc.startup_timeout_s)
     _say(f"starting {', '.join(s.name for s in services)} (logs in {run_dir})")
     code = 0
@@ -152,7 +171,26 @@ async def run_pipeline(
         if killed:
             _say(f"had to kill: {', '.join(killed)}")
         await _write_curve(config, run_dir)
+        try:
+            await remove_users(config, users)
+        except (RedisError, OSError) as exc:
+            _say(f"could not remove this run's Redis users {', '.join(users)}: {exc!r}")
     return code
+
+
+async def _own_users(config: Config, services: list[Service]) -> tuple[list[Service], list[str]]:
+    """With ``run.redis_users``: each service its own Redis user; where ``redis.url`` may not make users, the
+    services share it, said."""
+    if not config.run.redis_users:
+        return services, []
+    try:
+        services, users = await give_own_users(config, services)
+    except RedisError as exc:
+        _say(f"turnstream run: warning: every service logs in to Redis as redis.url's user: it may not make "
+             f"ACL users ({exc}); run.redis_users = false says so without this warning")  # fmt: skip
+        return services, []
+    _say(f"Redis: each service logs in as its own ACL user: {users[0].rsplit('-', 1)[0]}-<service>")
+    return services, users
 
 
 async def _write_curve(config: Config, run_dir: Path) -> None:

@@ -25,6 +25,7 @@ from runtime.messaging.bus import read_topic
 from runtime.pipeline.personas import heldout_questions
 from runtime.process.ports import free_port, free_port_block
 from runtime.security.tokens import engine_keys
+from runtime.transport.redis_urls import redis_client
 from schemas.topics import DEADLETTER, EVALS, JUDGMENTS, SAMPLES, TEACHER, TURNS, WEIGHTS
 from services.run.plan import METRICS_SERVICES, plan
 from tests.browser import check_console
@@ -116,6 +117,24 @@ def seen_versions(observations: Path) -> list[int]:
     return [json.loads(line)["weight_version"] for line in lines if line.endswith("}")]
 
 
+async def worked_as_own_redis_users(out: str, redis_config: RedisConfig) -> None:
+    """Every service of the run logged in to Redis as its own ACL user (the rules a deployment renders), none was
+    refused anything, and the users are gone after the stop."""
+    said = re.search(r"its own ACL user: (run-[0-9a-f]+-)<service>", out)
+    assert said, out[-2000:]
+    admin = redis_client(redis_config.url)
+    try:
+
+        def text(value: object) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        refused = [e for e in await admin.acl_log() if text(e.get("username", "")).startswith(said.group(1))]
+        assert refused == [], refused
+        assert [u for u in map(text, await admin.acl_users()) if u.startswith(said.group(1))] == []
+    finally:
+        await admin.aclose()
+
+
 async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
     kafka: KafkaConfig, redis_config: RedisConfig, smollm2_path: Path, tmp_path: Path
 ) -> None:
@@ -201,6 +220,7 @@ async def test_run_serves_shows_progress_learns_reloads_and_stops_cleanly(
         assert alive == [], f"left behind: {alive}"
         names = [s.name for s in plan(load_config(env={}), str(smollm2_path))]
         assert all((run_dir / f"{name}.log").exists() for name in names)  # one log per service
+        await worked_as_own_redis_users((run_dir / "run.out").read_text(), redis_config)
     finally:
         if proc.poll() is None:
             proc.kill()
