@@ -39,8 +39,8 @@ COPY examples ./examples
 # image, and a root-owned one would be read-only to the services (the console's /console was, at first contact).
 # /run/turnstream/keys holds the proxy's per-user keys file (compose's proxy-keys volume): the user's alone.
 RUN useradd --create-home --uid 10001 turnstream \
-    && mkdir -p /var/cache/turnstream /spool /weights /console /run/turnstream/keys \
-    && chown turnstream /var/cache/turnstream /spool /weights /console /run/turnstream/keys \
+    && mkdir -p /var/cache/turnstream /spool /weights /console /run/turnstream/keys /acl \
+    && chown turnstream /var/cache/turnstream /spool /weights /console /run/turnstream/keys /acl \
     && chmod 700 /run/turnstream/keys
 USER turnstream
 

@@ -4,6 +4,7 @@ one run. Prints JSON.
     .venv/bin/python bench/proxy_ab.py [--base HEAD] [--rounds 6] [--requests 300] [--concurrency 1] [--stream]
     .venv/bin/python bench/proxy_ab.py --conversations 8 [--system-chars 7600] ...
     .venv/bin/python bench/proxy_ab.py --api responses|messages [--stream] ...
+    .venv/bin/python bench/proxy_ab.py --work-redis-user ...   # the proxy as its own Redis ACL user vs the operator
 
 ``--api NAME``: the working tree's proxy is sent the same request in that API (``/v1/responses``,
 ``/v1/messages``), the base's as chat completions: with ``--base HEAD``, what translating costs per request.
@@ -87,6 +88,12 @@ def main() -> None:
         help="an environment variable for the base proxy only (e.g. TURNSTREAM_PROXY_SESSION_INFERENCE=off "
         "with --base HEAD: one feature on and off in the same code)",
     )
+    ap.add_argument(
+        "--work-redis-user",
+        action="store_true",
+        help="the working tree's proxy logs in to Redis as its own ACL user (runtime/security/redis_users.py: "
+        "its keys and commands only), the base as the operator: what the per-service users cost a request",
+    )
     args = ap.parse_args()
     if args.conversations and args.stream:
         ap.error("--conversations sends non-streamed requests")
@@ -108,6 +115,9 @@ def main() -> None:
         stub = subprocess.Popen(
             [sys.executable, str(REPO / "bench/stub_engine.py"), "--port", str(stub_port)]
         )
+        urls = {"base": redis_url, "work": redis_url}
+        if args.work_redis_user:
+            urls["work"] = asyncio.run(own_user(redis_url, f"{namespace}work."))
         for name, root in (("base", worktree), ("work", REPO)):
             port, tmp = free_port(), tempfile.mkdtemp(prefix=f"turnstream-ab-{name}-")
             env = {
@@ -115,7 +125,7 @@ def main() -> None:
                 "PYTHONPATH": str(root),
                 "TURNSTREAM_KAFKA_BOOTSTRAP": bootstrap,
                 "TURNSTREAM_KAFKA_NAMESPACE": namespace,
-                "TURNSTREAM_REDIS_URL": redis_url,
+                "TURNSTREAM_REDIS_URL": urls[name],
                 "TURNSTREAM_REDIS_KEY_PREFIX": f"{namespace}{name}.",
                 "TURNSTREAM_ENGINE_URL": f"http://127.0.0.1:{stub_port}",
                 "TURNSTREAM_PROXY_PORT": str(port),
@@ -183,6 +193,7 @@ def main() -> None:
             {
                 "base": args.base,
                 "base_env": args.base_env,
+                "work_redis_user": args.work_redis_user,
                 "concurrency": args.concurrency,
                 "stream": args.stream,
                 "api": args.api,
@@ -199,6 +210,20 @@ def main() -> None:
             indent=2,
         )
     )
+
+
+async def own_user(admin_url: str, prefix: str) -> str:
+    """A ``proxy`` ACL user for keys under ``prefix`` (the sealing keys' default prefix too), made through the
+    operator's URL: the URL that logs in as it."""
+    from runtime.security.redis_users import provision, with_user
+    from runtime.transport.redis_urls import redis_client
+
+    admin = redis_client(admin_url)
+    try:
+        made = await provision(admin, ["proxy"], prefix, "turnstream:dek:", f"bench-{uuid.uuid4().hex[:6]}-")
+    finally:
+        await admin.aclose()
+    return with_user(admin_url, *made["proxy"])
 
 
 def latency(p50s: dict[str, list[float]]) -> dict[str, Any]:

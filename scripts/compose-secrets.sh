@@ -12,7 +12,10 @@ umask 077
 touch "$file"
 chmod 600 "$file"
 made=()
-for name in GRAFANA_ADMIN_PASSWORD CONSOLE_TOKEN PROXY_API_KEY ENGINE_API_KEY ENGINE_ADMIN_API_KEY; do
+# Redis: a password per ACL user (runtime/security/redis_users.py's NAMES).
+redis_users=(ADMIN REPLICA SENTINEL CLIENT PROXY PAIRER DISPATCHER JUDGE TEACHER TRAINER GATE TOPICS SIMULATE EVAL CONSOLE)
+for name in GRAFANA_ADMIN_PASSWORD CONSOLE_TOKEN PROXY_API_KEY ENGINE_API_KEY ENGINE_ADMIN_API_KEY \
+    "${redis_users[@]/#/REDIS_PASSWORD_}"; do
     if grep -q "^${name}=" "$file" || [[ -n "${!name:-}" ]]; then
         continue
     fi

@@ -7,10 +7,10 @@
 #   scripts/redis-sentinel.sh restart-old    start the server killed last again (it rejoins as a replica)
 #   scripts/redis-sentinel.sh master         print the master's host:port, as the Sentinels say
 #   scripts/redis-sentinel.sh url            print the redis+sentinel:// URL for redis.url
-# As compose.ha.yaml and the chart run it: the default user off everywhere; on the servers an ACL user for the
-# services (turnstream), the replica's link (replica), the Sentinels (sentinel) and operators (admin); on the
-# Sentinels one for clients that only asks where the master is (client) and one for the Sentinels themselves
-# (admin). Passwords are made once per data folder (secrets, 0600); the URL carries the service's and client's.
+# As compose.ha.yaml and the chart run it: the users of runtime/security/redis_users.py, rendered by `turnstream
+# redis-users` into the servers' ACL file and the Sentinels' user lines (the default user off, `probe` for PING; a user per
+# service; the replica's link, the Sentinels' and the operator's, admin; on the Sentinels a client user that may only
+# ask where the master is). Passwords are made once per data folder (secrets, 0600); `url` logs in as admin.
 # Settings: REDIS_SENTINEL_PORT (16479, below the ephemeral range): the servers on it and the port after, the Sentinels from it + 100.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -28,13 +28,20 @@ synced() {  # every server that is a replica has its link to the master up
         cli -p "$port" info replication 2>/dev/null | grep -q '^master_link_status:up' || return 1
     done
 }
+PYTHON="${PYTHON:-$REPO_ROOT/.venv/bin/python}"
 secret() { grep "^$1=" "$RUN/secrets" | cut -d= -f2; }
-make_secrets() {
-    [[ -f "$RUN/secrets" ]] && return 0
-    local name; for name in admin replica sentinel turnstream client; do
-        printf '%s=%s\n' "$name" "$(head -c 18 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
-    done >"$RUN/secrets"
-    chmod 600 "$RUN/secrets"
+make_secrets() {  # a password per user, and the files Redis and the Sentinels read them from (hashed)
+    if [[ ! -f "$RUN/secrets" ]]; then
+        local name; for name in $(cd "$REPO_ROOT" && "$PYTHON" -c 'from runtime.security.redis_users import NAMES; print(*NAMES)'); do
+            printf '%s=%s\n' "$name" "$(head -c 18 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+        done >"$RUN/secrets"
+        chmod 600 "$RUN/secrets"
+    fi
+    local env=() line name; while read -r line; do
+        name="${line%%=*}"; env+=("REDIS_PASSWORD_${name^^}=${line#*=}")
+    done <"$RUN/secrets"
+    (cd "$REPO_ROOT" && env "${env[@]}" "$PYTHON" -m services.cli redis-users --out "$RUN/users.acl" \
+        --sentinel-out "$RUN/sentinel-users.conf") 2>/dev/null || die "turnstream redis-users failed"
 }
 cli() { redis-cli --no-auth-warning --user admin --pass "$(secret admin)" -h 127.0.0.1 "$@"; }  # the operator
 answers() { [[ "$(cli -p "$1" ping 2>/dev/null)" == "PONG" ]]; }
@@ -45,13 +52,7 @@ server() {  # PORT [replicaof PORT]
     local port="$1" dir="$RUN/server-$1"; mkdir -p "$dir" && chmod 700 "$dir"
     local args=(--bind 127.0.0.1 --port "$port" --protected-mode yes --daemonize yes --dir "$dir"
         --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --appendonly yes --appendfsync everysec --save ""
-        --user default off
-        --user admin on ">$(secret admin)" '~*' '&*' '+@all'
-        --user replica on ">$(secret replica)" '+psync' '+replconf' '+ping'
-        --user sentinel on ">$(secret sentinel)" allchannels '+multi' '+slaveof' '+ping' '+exec' '+subscribe'
-            '+config|rewrite' '+role' '+publish' '+info' '+client|setname' '+client|kill' '+script|kill'
-        --user turnstream on ">$(secret turnstream)" '~*' '&*' '+@all' '-@admin' '+info'
-        --masteruser replica --masterauth "$(secret replica)")
+        --aclfile "$RUN/users.acl" --masteruser replica --masterauth "$(secret replica)")
     [[ $# -gt 1 ]] && args+=(--replicaof 127.0.0.1 "$3")
     redis-server "${args[@]}" >/dev/null
     wait_for 20 answers "$port" || die "Redis did not answer on 127.0.0.1:$port"
@@ -63,9 +64,7 @@ sentinel() {  # PORT: its config is rewritten by Sentinel itself, so it is writt
 bind 127.0.0.1
 port $port
 dir $dir
-user default off
-user admin on >$(secret admin) allchannels +@all
-user client on >$(secret client) -@all +hello +ping +role +command +client|setname +client|getname +client|id +sentinel|masters +sentinel|master +sentinel|get-master-addr-by-name +sentinel|replicas +sentinel|sentinels +sentinel|myid
+$(cat "$RUN/sentinel-users.conf")
 sentinel sentinel-user admin
 sentinel sentinel-pass $(secret admin)
 sentinel monitor $GROUP 127.0.0.1 ${SERVERS[0]} 2
@@ -118,7 +117,7 @@ restart_old() {  # it comes back as the master it was; the Sentinels turn it int
 
 url() {
     local out="" p; for p in "${SENTINELS[@]}"; do out+="${out:+,}127.0.0.1:$p"; done
-    echo "redis+sentinel://turnstream:$(secret turnstream)@$out/$GROUP/0?sentinel_username=client&sentinel_password=$(secret client)"
+    echo "redis+sentinel://admin:$(secret admin)@$out/$GROUP/0?sentinel_username=client&sentinel_password=$(secret client)"
 }
 
 case "${1:-start}" in

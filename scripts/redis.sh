@@ -3,8 +3,8 @@
 #   scripts/redis.sh install|start|stop|status|reset
 #   scripts/redis.sh url        the URL that logs in as its operator, admin: redis://admin:<password>@127.0.0.1:<port>/0
 # Settings: REDIS_PORT (6379), TURNSTREAM_CACHE. Data (AOF, fsync every second) lives in the cache.
-# As the deployments run it (runtime/security/redis_users.py): the default user may only PING (health checks);
-# everything else logs in. `turnstream run` makes each service a user of its own through admin; admin's password is
+# As the deployments run it (runtime/security/redis_users.py): the default user off, `probe` (any password) may only
+# PING (health checks); everything else logs in. `turnstream run` makes each service a user of its own through admin; admin's password is
 # made once per data folder (secrets, 0600).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -22,7 +22,8 @@ install() {
     # Debian's package starts a system service on 6379 where systemd runs; ours is separate and on loopback.
 }
 
-answers() { [[ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" == "PONG" ]]; }
+answers() { [[ "$(redis-cli --user probe --pass probe -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" == "PONG" ]] \
+    || [[ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" == "PONG" ]]; }  # ours, or an older one
 secret() { grep "^admin=" "$RUN/secrets" 2>/dev/null | cut -d= -f2; }
 admin() { redis-cli --no-auth-warning --user admin --pass "$(secret)" -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 ours() { [[ "$(admin ping 2>/dev/null)" == "PONG" ]]; }  # started by this script, with its users
@@ -46,7 +47,8 @@ start() {
     redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --protected-mode yes --daemonize yes \
         --dir "$RUN" --pidfile "$RUN/redis.pid" --logfile "$RUN/redis.log" \
         --appendonly yes --appendfsync everysec --save "" \
-        --user default on nopass resetkeys resetchannels -@all +ping \
+        --user default off nopass '~*' '&*' '+@all' \
+        --user probe on nopass resetkeys resetchannels -@all +ping \
         --user admin on ">$(secret)" '~*' '&*' '+@all' >/dev/null
     wait_for 20 answers || { tail -n 20 "$RUN/redis.log" >&2; die "Redis did not answer on 127.0.0.1:$REDIS_PORT"; }
     log "Redis $(redis-server --version | grep -o 'v=[0-9.]*' | cut -c3-) up on 127.0.0.1:$REDIS_PORT in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
@@ -55,7 +57,7 @@ start() {
 stop() {
     if answers; then
         admin shutdown nosave >/dev/null 2>&1 || redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
-        wait_for 10 bash -c "! redis-cli -h 127.0.0.1 -p $REDIS_PORT ping" || true
+        wait_for 10 bash -c "! redis-cli --user probe --pass probe -h 127.0.0.1 -p $REDIS_PORT ping" || true
         log "Redis stopped"
     fi
 }

@@ -158,6 +158,24 @@ checks verdict "a key added by scripts/k8s/keys.sh is served by every proxy, non
     wait_for 240 every_proxy_answers "$user_key" 200
 checks verdict "the shared key still serves" every_proxy_answers "$PROXY_API_KEY" 200
 
+log "[$layout] Redis as deployed: a user per service, the default user off, the Sentinels for client and admin"
+redis_password() { k get secret "$FN-redis-users" -o jsonpath="{.data.$1}" | base64 -d; }
+k_says() {  # k_says POD CONTAINER PATTERN REDIS-CLI-ARGS...: redis-cli there answers a line matching PATTERN
+    local pod="$1" container="$2" pattern="$3"; shift 3
+    k exec "$pod" -c "$container" -- redis-cli --no-auth-warning "$@" 2>&1 | grep -qE "$pattern"
+}
+judge=(--user judge --pass "$(redis_password judge)")
+checks verdict "Redis refuses a client without a password (a sealing key: NOAUTH)" \
+    k_says "$FN-redis-0" redis '^NOAUTH' get turnstream:dek:x
+checks verdict "Redis refuses the judge's user the proxy's stored answers" \
+    k_says "$FN-redis-0" redis '^NOPERM' "${judge[@]}" get turnstream:resp:x
+checks verdict "Redis refuses the judge's user a FLUSHALL" k_says "$FN-redis-0" redis '^NOPERM' "${judge[@]}" flushall
+checks verdict "the Sentinels refuse a client without a password" \
+    k_says "$FN-redis-sentinel-0" sentinel 'NOAUTH' -p 26379 sentinel get-master-addr-by-name turnstream
+checks verdict "the Sentinels refuse the services' client user a failover" \
+    k_says "$FN-redis-sentinel-0" sentinel '^NOPERM' -p 26379 --user client --pass "$(redis_password client)" \
+    sentinel failover turnstream
+
 deleted_in_traffic p "$FN-policy-1" "a policy pod deleted in the middle of traffic"
 checks pipeline engine
 deleted_in_traffic k "$FN-kafka-1" "a Kafka broker pod deleted in the middle of traffic"

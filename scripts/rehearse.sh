@@ -71,6 +71,11 @@ export CONSOLE_TOKEN="${CONSOLE_TOKEN:-$(head -c 18 /dev/urandom | base64 | tr '
 export PROXY_API_KEY="${PROXY_API_KEY:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
 export ENGINE_API_KEY="${ENGINE_API_KEY:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
 export ENGINE_ADMIN_API_KEY="${ENGINE_ADMIN_API_KEY:-$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')}"
+# The rest (a password per Redis user) as users make them: scripts/compose-secrets.sh, into a file of this run's.
+secrets_file="$(mktemp)"
+COMPOSE_SECRETS_FILE="$secrets_file" bash scripts/compose-secrets.sh >/dev/null 2>&1
+set -a; source "$secrets_file"; set +a
+rm -f "$secrets_file"
 export ROLLOUT_BATCH_SIZE=2 TRAINER_CHECKPOINT_EVERY_STEPS=1 TURNSTREAM_LOG_LEVEL=INFO
 # SmolLM2's context is 8,192 tokens: a judge answer of combine's default 8,192 plus the prompt is refused by SGLang.
 # And SmolLM2 cannot follow the judge's prompt (its votes parse as no verdict and no hint, so nothing would train):
@@ -196,6 +201,17 @@ for layout in $LAYOUTS; do
     compose run --rm -T keys revoke rehearse-alice >/dev/null 2>&1 || true
     checks verdict "the key revoked is refused, the proxy not restarted" wait_for 30 answers "$user_key" 401
     checks verdict "the shared key still serves" answers "$PROXY_API_KEY" 200
+    # Redis as deployed (docs/security.md): a user per service, the default user off, operators as admin.
+    says() { local pattern="$1"; shift; compose exec -T redis redis-cli --no-auth-warning "$@" 2>&1 | grep -qE "$pattern"; }
+    refused() { says '^NOPERM' "$@"; }
+    checks verdict "Redis refuses a client without a password (a sealing key: NOAUTH)" says '^NOAUTH' get turnstream:dek:x
+    checks verdict "Redis's probe user may PING and nothing else" refused --user probe --pass probe get turnstream:dek:x
+    judge=(--user judge --pass "$REDIS_PASSWORD_JUDGE")
+    checks verdict "Redis refuses the judge's user the proxy's stored answers" refused "${judge[@]}" get turnstream:resp:x
+    checks verdict "Redis refuses the judge's user a FLUSHALL" refused "${judge[@]}" flushall
+    operator() { compose exec -T redis redis-cli --no-auth-warning --user admin --pass "$REDIS_PASSWORD_ADMIN" dbsize \
+        | grep -qE '^[0-9]+$'; }
+    checks verdict "Redis serves its operator (admin)" operator
     reach() {  # whether the service's container can open a policy server's health check
         compose exec -T "$1" python -c \
             "import urllib.request; urllib.request.urlopen('http://${2:-sglang-policy}:30000/health', timeout=5)" \

@@ -73,32 +73,34 @@ def _housekeeping(sub: Subparsers) -> None:
         sub, "redis-users", "write Redis's ACL file: a user per service (passwords from env)", _users
     )
     users.add_argument("--out", help="the file to write (default: standard output)")
+    users.add_argument("--sentinel-out", help="also write the Sentinels' user lines here (redis+sentinel://)")
 
 
 def _users(config: Config, args: argparse.Namespace) -> int:
-    """The ACL file for ``aclfile``: each user's password from ``TURNSTREAM_REDIS_PASSWORD_<USER>`` (hashed in the
+    """The ACL file for ``aclfile``: each user's password from ``REDIS_PASSWORD_<USER>`` (hashed in the
     file), the key patterns from this configuration's prefixes. Compose's ``redis-users`` step and the chart's Redis
     init container run it; the file holds no password, so Redis's own user may read it."""
     import os
     from pathlib import Path
 
-    from runtime.security.redis_users import OPERATOR, USERS, acl_file
+    from runtime.security.redis_users import NAMES, acl_file, sentinel_users
 
-    names = [OPERATOR, "replica", *USERS]
-    passwords = {n: os.environ.get(f"TURNSTREAM_REDIS_PASSWORD_{n.upper()}", "") for n in names}
+    passwords = {n: os.environ.get(f"REDIS_PASSWORD_{n.upper()}", "") for n in NAMES}
     try:
         text = acl_file(passwords, config.redis.key_prefix, config.kafka.seal_keys_prefix)
     except ValueError as exc:
-        return refuse("redis-users", f"{exc} (TURNSTREAM_REDIS_PASSWORD_<USER>)")
+        return refuse("redis-users", f"{exc} (REDIS_PASSWORD_<USER>)")
     if not args.out:
         print(text, end="")
         return 0
-    out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o644)
-    os.replace(tmp, out)
-    print(f"turnstream redis-users: {len(names) + 1} users written to {out}", file=sys.stderr)
+    for path, content in ((args.out, text), (args.sentinel_out, sentinel_users(passwords))):
+        if path:
+            out = Path(path)
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_text(content)
+            tmp.chmod(0o644)
+            os.replace(tmp, out)
+            print(f"turnstream redis-users: {content.count('user ')} users written to {out}", file=sys.stderr)
     return 0
 
 

@@ -103,7 +103,7 @@ def start_redis() -> Service:
         _script("redis.sh", "start", env)  # refuses one started without the script's users
         return Service(script_output("redis.sh", "url", env=env), "script", script_env=env)
     _script("redis.sh", "start", env)
-    url = script_output("redis.sh", "url", env=env)  # as its admin: the default user may only PING
+    url = script_output("redis.sh", "url", env=env)  # as its admin: the default user is off
     return Service(url, "script", lambda: _script("redis.sh", "stop", env), env)
 
 

@@ -18,11 +18,14 @@ from typing import Any
 import pytest
 
 from runtime.configuration.config import load_config
+from runtime.security.redis_users import NAMES
 from runtime.security.tokens import console_login_url
+from runtime.transport.redis_urls import sentinel_target
 from services.cli import _parser
 
 REPO = Path(__file__).resolve().parent.parent
 OURS = ("topics", "proxy", "pairer", "judge", "teacher", "dispatcher", "trainer", "eval", "gate", "console")
+REDIS_USERS = NAMES
 
 
 def resolve(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -33,6 +36,7 @@ def resolve(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
         "PROXY_API_KEY": "test-proxy-key-0123456789",
         "ENGINE_API_KEY": "test-engine-key-0123456789",
         "ENGINE_ADMIN_API_KEY": "test-engine-admin-key-0123456789",
+        **{f"REDIS_PASSWORD_{u.upper()}": f"test-redis-{u}" for u in REDIS_USERS},
     }
     return subprocess.run(
         ["bash", "scripts/compose-config.sh", *files],
@@ -68,11 +72,15 @@ def test_the_services_the_issue_names_with_health_checks_and_restart_policies(
         "sglang-teacher",
         "prometheus",
         "grafana",
+        "redis-users",
         *OURS,
     }
     for name, s in services.items():
-        if name == "topics":  # a one-shot job: creates the topics, exits, and the others wait for it
-            assert s["restart"] == "on-failure" and s["healthcheck"]["disable"]
+        if name in (
+            "topics",
+            "redis-users",
+        ):  # one-shot jobs: each does its part, exits, the others wait for it
+            assert s["restart"] == "on-failure" and s.get("healthcheck", {"disable": True})["disable"]
             continue
         assert s["restart"] == "unless-stopped", name
         assert s["healthcheck"]["test"], name
@@ -163,7 +171,9 @@ def test_every_service_runs_a_real_command_with_a_valid_configuration(default: d
         assert name != "gate" or args.standby, "with the gate off it stands by instead of restarting for ever"
         env = {k: v for k, v in s["environment"].items() if v is not None}
         config = load_config(env=env)  # raises on an unknown or invalid TURNSTREAM_* setting
-        assert config.kafka.bootstrap == "kafka:9092" and config.redis.url == "redis://redis:6379/0"
+        user = "judge" if name == "judge-alt" else name  # each service logs in to Redis as its own user
+        assert config.kafka.bootstrap == "kafka:9092"
+        assert config.redis.url == f"redis://{user}:test-redis-{user}@redis:6379/0", name
     assert load_config(env=services["dispatcher"]["environment"]).dispatcher.mode == "combine"
     # the held-out evaluation asks the policy server itself: through the proxy it would become training traffic
     assert load_config(env=services["eval"]["environment"]).eval.engine_url == "http://sglang-policy:30000"
@@ -814,14 +824,29 @@ def test_ha_every_service_reaches_three_brokers_and_the_redis_master_through_sen
     script = services[sentinels[0]]["command"][-1]
     assert "sentinel monitor turnstream redis 6379 2" in script
     assert "--replicaof" in services["redis-replica"]["command"]
+    # Authenticated all the way (issue 55, row 8): the servers take the ACL file and log in to each other as
+    # `replica`; the Sentinels take their user lines, log in to the servers as `sentinel` and to each other as admin;
+    # each service logs in as its own user, and to the Sentinels as `client`.
+    for server in ("redis", "redis-replica"):
+        command = services[server]["command"]
+        assert command[command.index("--aclfile") + 1] == "/acl/users.acl", server
+        assert command[command.index("--masteruser") + 1] == "replica", server
+        assert command[command.index("--masterauth") + 1] == "test-redis-replica", server
+    assert "--sentinel-out" in services["redis-users"]["command"]
+    for name in sentinels:
+        assert "cat /acl/sentinel-users.conf" in services[name]["command"][-1]
+        assert "sentinel auth-user turnstream sentinel" in services[name]["command"][-1]
+        assert any(v["target"] == "/acl" and v["read_only"] for v in services[name]["volumes"])
+        assert "--user client" in services[name]["healthcheck"]["test"][-1]
     for name in (*OURS, "judge-alt"):
         env = {k: v for k, v in services[name]["environment"].items() if v is not None}
         config = load_config(env=env)
         assert config.kafka.bootstrap == "kafka:9092,kafka-2:9092,kafka-3:9092", name
-        assert (
-            config.redis.url.startswith("redis+sentinel://")
-            and config.kafka.seal_keys_url == config.redis.url
-        )
+        user = "judge" if name == "judge-alt" else name
+        target = sentinel_target(config.redis.url)
+        assert target and (target.username, target.password) == (user, f"test-redis-{user}"), name
+        assert (target.sentinel_username, target.sentinel_password) == ("client", "test-redis-client")
+        assert config.kafka.seal_keys_url == config.redis.url
         assert config.kafka.seal_keys_replicas == 1, name
         if name != "topics":
             assert set(sentinels) <= set(services[name]["depends_on"]), name
@@ -854,3 +879,32 @@ def test_per_user_keys_are_a_volume_the_proxy_reads_and_only_the_keys_service_wr
     assert {s for s, c in services.items() if folder in str(c.get("volumes", []))} == {"proxy", "keys"}
     assert re.search(rf"chown turnstream [^\n]*{folder}", (REPO / "Dockerfile").read_text())
     assert "keys" not in json.loads(resolve().stdout)["services"]
+
+
+def test_each_service_logs_in_to_redis_as_its_own_user_from_the_acl_file_redis_users_writes() -> None:
+    """Issue 55, row 8: Redis ran with no password, so any container on the network read every key and could flush
+    it. Now ``redis-users`` (no network) renders runtime/security/redis_users.py's users into the ACL file Redis
+    starts with (read-only to it), from a password per user that scripts/compose-secrets.sh makes; every turnstream
+    service's URL names its own user and password, and none holds another's."""
+    services = json.loads(resolve(COMPOSE_PROFILES="judge-alt").stdout)["services"]
+    redis, users = services["redis"], services["redis-users"]
+    acl = users["command"][users["command"].index("--out") + 1]
+    assert redis["command"][redis["command"].index("--aclfile") + 1] == acl
+    assert _parser().parse_args(users["command"]).command == "redis-users"
+    folder = str(Path(acl).parent)
+    (mounted,) = [v for v in redis["volumes"] if v["target"] == folder]
+    (written,) = [v for v in users["volumes"] if v["target"] == folder]
+    assert mounted["source"] == written["source"] and mounted["read_only"] and not written.get("read_only")
+    assert users["network_mode"] == "none"
+    assert redis["depends_on"]["redis-users"]["condition"] == "service_completed_successfully"
+    assert set(users["environment"]) == {f"REDIS_PASSWORD_{u.upper()}" for u in REDIS_USERS}
+    made = re.search(r"redis_users=\(([^)]*)\)", (REPO / "scripts/compose-secrets.sh").read_text())
+    assert made and made.group(1).split() == [u.upper() for u in REDIS_USERS]
+    assert re.search(rf"chown turnstream [^\n]*{folder}", (REPO / "Dockerfile").read_text())
+    for name in (*OURS, "judge-alt"):
+        env = services[name]["environment"]
+        assert "REDIS_PASSWORD" not in str(env).replace("TURNSTREAM_REDIS_URL", ""), name
+        user = "judge" if name == "judge-alt" else name
+        assert env["TURNSTREAM_REDIS_URL"] == f"redis://{user}:test-redis-{user}@redis:6379/0"
+    holders = {n for n, s in services.items() if "test-redis-admin" in json.dumps(s)}
+    assert holders == {"redis-users"}, "the operator's password is in no running service"

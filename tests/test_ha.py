@@ -1,13 +1,14 @@
 """High availability, both parts at once: Kafka as a replicated cluster (three KRaft nodes, scripts/kafka-cluster.sh)
 on which ``turnstream topics create`` makes three copies of every partition with ``min.insync.replicas`` 2, and a
-Redis that fails over (a master, a replica and three Sentinels, scripts/redis-sentinel.sh, with ACL users and the
-default user off), named to every service by one ``redis+sentinel://`` URL that carries the service's user and the
-Sentinels' client user. Both of turnstream's Redis clients (redis-py's and the proxy's pipelined one)
-follow a failover; and the whole pipeline (the fault rig of tests/test_faults.py: proxy, pairer, judge, teacher,
-dispatcher as real processes) on the cluster and the Sentinel set loses nothing when a broker is killed
-(``kill -9``) and the Redis master is killed in the middle of traffic, with both left dead and with both started
-again: every answered turn recorded once, every sample made once, and every record readable (``seal_keys_replicas``
-1: a sealing key seals nothing before the replica has it). One cluster and one Sentinel set serve the module."""
+Redis that fails over (a master, a replica and three Sentinels, scripts/redis-sentinel.sh, with the ACL users of
+runtime/security/redis_users.py: the default user off, `probe` for PING on the servers), named to every
+service by one ``redis+sentinel://`` URL that carries the service's user and the Sentinels' client user. Both of
+turnstream's Redis clients (redis-py's and the proxy's pipelined one) follow a failover; and the whole pipeline
+(the fault rig of tests/test_faults.py: proxy, pairer, judge, teacher, dispatcher as real processes) on the cluster
+and the Sentinel set loses nothing when a broker is killed (``kill -9``) and the Redis master is killed in the
+middle of traffic, with both left dead and with both started again: every answered turn recorded once, every
+sample made once, and every record readable (``seal_keys_replicas`` 1: a sealing key seals nothing before the
+replica has it). One cluster and one Sentinel set serve the module."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_sentinel_urls_name_the_group_and_refuse_what_is_not_one() -> None:
 
 
 async def test_both_clients_follow_a_failover(sentinel_url: str) -> None:
-    # Issue 55, row 8: the servers and the Sentinels take ACL users only (the default user is off), as deployed.
+    # Issue 55, row 8: the Sentinels take ACL users only (the default user is off), as deployed.
     anonymous = redis_client(re.sub(r"//[^@]*@", "//", sentinel_url).split("?")[0])  # no user, no password
     with pytest.raises(Exception, match=r"(?i)auth"):
         await anonymous.ping()

@@ -9,8 +9,10 @@ or re-point Redis (``-@all`` first, then each command named). Every user may rea
 seals its dead letters. Destroying one is ``turnstream forget``'s, which runs as ``admin``.
 
 ``{prefix}`` is ``redis.key_prefix``, ``{dek}`` ``kafka.seal_keys_prefix``; both are filled in when rendered.
-The default user may only PING (health checks ask it, without a password); ``admin`` may do anything (operators:
-``redis-cli``, ``forget``, ``replay``); ``replica`` is a replica's link to its master.
+The default user is off (``DEFAULT_RULES`` says why its permissions stay whole) and ``probe`` may only PING (health
+checks, without a password); ``admin`` may do anything (operators:
+``redis-cli``, ``forget``, ``replay``); ``replica`` is a replica's link to its master, ``sentinel`` a Sentinel's
+to the servers, ``client`` the services' login on the Sentinels (it may only ask where the master is).
 """
 
 from __future__ import annotations
@@ -58,9 +60,30 @@ READ_ONLY = {"console"}
 """Services that only open sealed records: ``%R~{dek}* +get +exists`` instead of ``SEAL``."""
 
 OPERATOR = "admin"
-DEFAULT_RULES = "on nopass resetkeys resetchannels -@all +ping"
+DEFAULT_RULES = "off nopass ~* &* +@all"
+"""Nobody logs in as the default user, but its permissions stay whole: Redis replays the transactions of its
+append-only file (a script's writes among them) with the default user's permissions at start, so a restricted
+default user makes every one of them fail there, and their writes are lost without an error to any client
+(Redis 7.0.15 and 7.4; valkey-io/valkey#3983). ``PROBE`` answers health checks instead."""
+PROBE = "probe"
+PROBE_RULES = "on nopass resetkeys resetchannels -@all +ping"
+"""Health checks log in as ``probe`` with any password (``redis-cli --user probe --pass probe ping``): PING only."""
 OPERATOR_RULES = "~* &* +@all"
 REPLICA_RULES = "resetkeys resetchannels -@all +psync +replconf +ping"
+SENTINEL_RULES = (
+    "resetkeys resetchannels -@all allchannels +multi +slaveof +ping +exec +subscribe +config|rewrite +role "
+    "+publish +info +client|setname +client|kill +script|kill"
+)
+"""On the servers, what a Sentinel runs to watch and fail over the master (Redis's documented list)."""
+CLIENT_RULES = (
+    "-@all +hello +ping +role +command +client|setname +client|getname +client|id +sentinel|masters "
+    "+sentinel|master +sentinel|get-master-addr-by-name +sentinel|replicas +sentinel|sentinels +sentinel|myid"
+)
+"""On the Sentinels, what a service may ask: where the master is, nothing that re-points it."""
+INFRA = (OPERATOR, "replica", "sentinel", "client")
+"""The users that are no service's: each needs a password too."""
+NAMES = (*INFRA, *USERS)
+"""Every user a password is made for (scripts/compose-secrets.sh, the chart): ``REDIS_PASSWORD_<NAME>``."""
 
 
 def rules(service: str, prefix: str = "turnstream:", dek: str = "turnstream:dek:") -> str:
@@ -82,17 +105,33 @@ def password_hash(password: str) -> str:
     return "#" + hashlib.sha256(password.encode()).hexdigest()
 
 
-def acl_file(passwords: Mapping[str, str], prefix: str = "turnstream:", dek: str = "turnstream:dek:") -> str:
-    """A Redis ACL file (``aclfile``): the default user (PING only), ``admin``, ``replica`` and each service in
-    ``USERS``, each with the password named for it in ``passwords`` (all of them required)."""
-    names = [OPERATOR, "replica", *USERS]
-    if missing := [n for n in names if not passwords.get(n)]:
+def _required(passwords: Mapping[str, str]) -> None:
+    if missing := [n for n in NAMES if not passwords.get(n)]:
         raise ValueError(f"no Redis password for: {', '.join(missing)}")
-    lines = [f"user default {DEFAULT_RULES}"]
+
+
+def acl_file(passwords: Mapping[str, str], prefix: str = "turnstream:", dek: str = "turnstream:dek:") -> str:
+    """A Redis server's ACL file (``aclfile``): the default user off, ``probe`` (PING only, no password),
+    ``admin``, ``replica``, ``sentinel`` and each service in ``USERS``, each with the password named for it in
+    ``passwords`` (all of ``NAMES``)."""
+    _required(passwords)
+    lines = [f"user default {DEFAULT_RULES}", f"user {PROBE} {PROBE_RULES}"]
     lines.append(f"user {OPERATOR} on {password_hash(passwords[OPERATOR])} {OPERATOR_RULES}")
     lines.append(f"user replica on {password_hash(passwords['replica'])} {REPLICA_RULES}")
+    lines.append(f"user sentinel on {password_hash(passwords['sentinel'])} {SENTINEL_RULES}")
     lines += [f"user {s} on {password_hash(passwords[s])} {rules(s, prefix, dek)}" for s in USERS]
     return "\n".join(lines) + "\n"
+
+
+def sentinel_users(passwords: Mapping[str, str]) -> str:
+    """The user lines of a Sentinel's configuration: the default user off (health checks log in as ``client``),
+    ``admin`` (the Sentinels among themselves, operators) and ``client`` (every service, to find the master)."""
+    _required(passwords)
+    return (
+        "user default off\n"
+        f"user {OPERATOR} on {password_hash(passwords[OPERATOR])} allchannels +@all\n"
+        f"user client on {password_hash(passwords['client'])} {CLIENT_RULES}\n"
+    )
 
 
 def with_user(url: str, user: str, password: str) -> str:

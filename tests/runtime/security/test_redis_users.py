@@ -3,6 +3,7 @@ keeps no password; each service's user runs that service's own Redis code and re
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import subprocess
 import time
@@ -17,7 +18,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 from runtime.configuration.config import KafkaConfig, RedisConfig
 from runtime.process.ports import free_port
 from runtime.security.erasure.keys import SessionKeys
-from runtime.security.redis_users import OPERATOR, USERS, acl_file, provision, with_user
+from runtime.security.redis_users import NAMES, OPERATOR, PROBE, USERS, acl_file, provision, with_user
 from runtime.transport.redis_urls import redis_client as connect
 from runtime.transport.resp import PipelinedRedis, RedisReplyError
 from services.dispatcher.join import JoinStore
@@ -37,44 +38,76 @@ FORBIDDEN = (
 """What no service may run, whatever its keys: each would read or wreck what is not its own."""
 
 
-def test_the_acl_file_loads_and_holds_only_hashes(tmp_path: Path) -> None:
+def test_the_acl_file_loads_holds_only_hashes_and_keeps_what_scripts_wrote_across_a_restart(
+    tmp_path: Path,
+) -> None:
     """What compose's ``redis-users`` step and the chart's init container write: Redis 7.0 (Debian's, the oldest
-    one run here) starts with it; each user logs in with its password and no other; the file reveals none; the
-    default user may PING (health checks) and nothing more."""
-    passwords = {n: secrets.token_urlsafe(16) for n in [OPERATOR, "replica", *USERS]}
+    one run here) starts with it; each user logs in with its password and no other; the file reveals none; nobody
+    logs in as the default user and ``probe`` may only PING. And what the services' scripts wrote survives a
+    restart: Redis replays its append-only file's transactions with the default user's permissions, so a default
+    user restricted (as this file first had it) lost every script's writes at the restart, silently (turn counters
+    back at 1: ``tests/test_faults.py::test_redis_restart`` found it)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    passwords = {n: secrets.token_urlsafe(16) for n in NAMES}
     text = acl_file(passwords)
     assert not [p for p in passwords.values() if p in text]
     (tmp_path / "users.acl").write_text(text)
     port = free_port()
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path),
-         "--aclfile", str(tmp_path / "users.acl")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        import redis
+    no_retry = Retry(NoBackoff(), 0)  # a refused login is the answer, not a fault to retry
 
-        def login(user: str | None, password: str | None) -> redis.Redis:
-            client = redis.Redis(port=port, username=user, password=password, lib_name=None, lib_version=None)
-            client.ping()
-            return client
+    def login(user: str | None, password: str | None) -> redis.Redis:
+        client = redis.Redis(
+            port=port, username=user, password=password, lib_name=None, lib_version=None, retry=no_retry
+        )
+        client.ping()
+        return client
 
+    def start() -> subprocess.Popen[bytes]:
+        server = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path),
+             "--appendonly", "yes", "--aclfile", str(tmp_path / "users.acl")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
         deadline = time.monotonic() + 10
-        while True:  # until it answers (the default user: no password)
+        while True:  # until it answers its health check
             try:
-                anonymous = login(None, None)
-                break
+                login(PROBE, "any")
+                return server
             except redis.ConnectionError:
                 assert server.poll() is None, server.stdout.read() if server.stdout else ""
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
+
+    server = start()
+    try:
+        with pytest.raises(AuthenticationError):
+            login(None, None).get("turnstream:conv:x")
         with pytest.raises(NoPermissionError):
-            anonymous.get("turnstream:conv:x")
+            login(PROBE, "any").get("turnstream:conv:x")
         for user, password in passwords.items():
+            if user == "client":  # the Sentinels' user, not the servers'
+                continue
             login(user, password).ping()
             with pytest.raises(AuthenticationError):
                 login(user, password + "x")
         assert login(OPERATOR, passwords[OPERATOR]).acl_whoami() == OPERATOR
+
+        async def number() -> list[int]:
+            url = f"redis://proxy:{passwords['proxy']}@127.0.0.1:{port}/0"
+            numbers = TurnNumbers(url, "turnstream:", fences=b"turnstream:dek:")
+            try:
+                return [await numbers.next("s1") for _ in range(3)]
+            finally:
+                await numbers.aclose()
+
+        assert asyncio.run(number()) == [1, 2, 3]
+        server.terminate()  # a clean stop: the append-only file is flushed
+        server.wait(10)
+        server = start()
+        assert login(OPERATOR, passwords[OPERATOR]).get("turnstream:turns:s1") == b"3"
     finally:
         server.terminate()
         server.wait(10)

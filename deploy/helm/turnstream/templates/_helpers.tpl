@@ -51,20 +51,48 @@ imagePullPolicy: {{ $i.pullPolicy }}
 {{- end -}}
 {{- end -}}
 
-{{/* Bundled Redis: through the three Sentinels (group "turnstream") or the one server; else yours. */}}
-{{- define "ts.redisUrl" -}}
-{{- $fn := include "ts.fullname" . -}}
-{{- if not .Values.redis.bundled -}}
-{{- required "redis.url: redis://… or redis+sentinel://… of your Redis (redis.bundled is false)" .Values.redis.url -}}
-{{- else if .Values.redis.sentinel -}}
-{{- $hosts := list -}}
-{{- range $i := until 3 -}}
-{{- $hosts = append $hosts (printf "%s-redis-sentinel-%d.%s-redis-sentinel:26379" $fn $i $fn) -}}
+{{/* The Secret with a password per Redis ACL user (runtime/security/redis_users.py's NAMES). */}}
+{{- define "ts.redisUsersSecret" -}}
+{{- .Values.redis.users.existingSecret | default (printf "%s-redis-users" (include "ts.fullname" .)) -}}
 {{- end -}}
-{{- printf "redis+sentinel://%s/turnstream/0" (join "," $hosts) -}}
-{{- else -}}
-{{- printf "redis://%s-redis-0.%s-redis:6379/0" $fn $fn -}}
+
+{{- define "ts.redisSecretEnv" -}}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "ts.redisUsersSecret" (index . 0) }}
+      key: {{ index . 2 }}
 {{- end -}}
+
+{{/* Redis for a service: bundled, the service's own ACL user (include "ts.redisEnv" (list . "proxy")), through the
+three Sentinels (group "turnstream", asked as `client`) or the one server; user "" logs in as `probe` (PING only,
+no password: what an init container's wait asks). redis.bundled false: redis.url, yours. */}}
+{{- define "ts.redisEnv" -}}
+{{- $root := index . 0 -}}
+{{- $user := index . 1 -}}
+{{- $fn := include "ts.fullname" $root -}}
+{{- if not $root.Values.redis.bundled }}
+- name: TURNSTREAM_REDIS_URL
+  value: {{ required "redis.url: redis://… or redis+sentinel://… of your Redis (redis.bundled is false)" $root.Values.redis.url | quote }}
+{{- else }}
+{{- $login := "probe:probe@" }}
+{{- if $user }}
+{{ include "ts.redisSecretEnv" (list $root "REDIS_PASSWORD" $user) }}
+{{- $login = printf "%s:$(REDIS_PASSWORD)@" $user }}
+{{- end }}
+{{- if $root.Values.redis.sentinel }}
+{{ include "ts.redisSecretEnv" (list $root "REDIS_PASSWORD_CLIENT" "client") }}
+{{- $hosts := list }}
+{{- range $i := until 3 }}
+{{- $hosts = append $hosts (printf "%s-redis-sentinel-%d.%s-redis-sentinel:26379" $fn $i $fn) }}
+{{- end }}
+- name: TURNSTREAM_REDIS_URL
+  value: {{ printf "redis+sentinel://%s%s/turnstream/0?sentinel_username=client&sentinel_password=$(REDIS_PASSWORD_CLIENT)" $login (join "," $hosts) | quote }}
+{{- else }}
+- name: TURNSTREAM_REDIS_URL
+  value: {{ printf "redis://%s%s-redis-0.%s-redis:6379/0" $login $fn $fn | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* Every policy replica by its stable name: the proxy routes sessions between them. */}}
@@ -94,14 +122,16 @@ imagePullPolicy: {{ $i.pullPolicy }}
       key: {{ index . 2 }}
 {{- end -}}
 
-{{/* What every turnstream service is given (compose.yaml's x-turnstream environment). */}}
+{{/* What every turnstream service is given (compose.yaml's x-turnstream environment), Redis as its own user:
+include "ts.commonEnv" (list . "pairer"). */}}
 {{- define "ts.commonEnv" -}}
+{{- $user := index . 1 -}}
+{{- with index . 0 -}}
 - name: TURNSTREAM_KAFKA_BOOTSTRAP
   value: {{ include "ts.kafkaBootstrap" . | quote }}
 - name: TURNSTREAM_KAFKA_NAMESPACE
   value: {{ .Values.kafkaNamespace | quote }}
-- name: TURNSTREAM_REDIS_URL
-  value: {{ include "ts.redisUrl" . | quote }}
+{{- include "ts.redisEnv" (list . $user) }}
 {{- if and .Values.redis.bundled .Values.redis.sentinel }}
 - name: TURNSTREAM_KAFKA_SEAL_KEYS_REPLICAS # a new sealing key reaches the replica before anything is sealed
   value: "1"
@@ -135,6 +165,7 @@ imagePullPolicy: {{ $i.pullPolicy }}
 {{- range $k, $v := .Values.env }}
 - name: {{ $k }}
   value: {{ $v | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -186,7 +217,7 @@ depends_on). The turnstream image has Python: no other image is pulled for it. *
   {{- include "ts.image" (list .Values.image.turnstream) | nindent 2 }}
   command: ["python", "-m", "services.cli", "topics", "wait"]
   env:
-    {{- include "ts.commonEnv" . | nindent 4 }}
+    {{- include "ts.commonEnv" (list . "") | nindent 4 }}
 {{- end -}}
 
 {{/* A volume the service (uid 10001 in turnstream's image) must own: it makes its folder private (chmod 700),
@@ -206,4 +237,22 @@ make the pod the owner. include "ts.ownVolume" (list . "spool" "/spool") */}}
 {{- define "ts.podSecurity" -}}
 securityContext:
   fsGroup: 1000
+{{- end -}}
+
+{{/* Writes Redis's ACL file and the Sentinels' user lines (turnstream redis-users: hashes only) into the pod's
+"acl" emptyDir, from the passwords Secret: the one place the users are declared is turnstream's code. */}}
+{{- define "ts.redisUsersInit" -}}
+- name: redis-users
+  {{- include "ts.image" (list .Values.image.turnstream) | nindent 2 }}
+  command: ["python", "-m", "services.cli", "redis-users", "--out", "/acl/users.acl", "--sentinel-out", "/acl/sentinel-users.conf"]
+  env:
+    {{- range $user := list "admin" "replica" "sentinel" "client" "proxy" "pairer" "dispatcher" "judge" "teacher" "trainer" "gate" "topics" "simulate" "eval" "console" }}
+    {{- include "ts.redisSecretEnv" (list $ (printf "REDIS_PASSWORD_%s" (upper $user)) $user) | nindent 4 }}
+    {{- end }}
+    {{- range $k, $v := .Values.env }}
+    - name: {{ $k }}
+      value: {{ $v | quote }}
+    {{- end }}
+  volumeMounts:
+    - {name: acl, mountPath: /acl}
 {{- end -}}
