@@ -89,6 +89,7 @@ export GATE_ENABLED="${REHEARSE_GATE:-true}" GATE_MARGIN="${REHEARSE_GATE_MARGIN
 proxy="http://127.0.0.1:$PROXY_PORT"
 
 compose() { docker compose "${files[@]}" "$@"; }
+up_log="$(mktemp)"  # what `compose up` said: shown when it fails (the check's own output is not)
 in_network() {  # a check inside turnstream's image on the compose network (Kafka advertises kafka:9092)
     compose run --rm --no-deps -v "$REPO_ROOT/scripts/rehearse:/rehearse:ro" --entrypoint python proxy "$@"
 }
@@ -97,7 +98,7 @@ up() {
     local services
     services="$(compose config --services | grep -vx grafana | tr '\n' ' ')"
     # shellcheck disable=SC2086
-    compose up -d $services
+    compose up -d $services >"$up_log" 2>&1
     wait_for 900 curl -fsS "$proxy/healthz"
 }
 targets_up() {
@@ -173,7 +174,9 @@ for layout in $LAYOUTS; do
     log "[$layout] up (${files[*]})"
     before_up=$failures
     checks verdict "up: the proxy answers on $proxy" up
-    if [[ $failures -gt $before_up ]]; then compose ps -a; compose logs --tail 60; break; fi  # nothing to drive
+    if [[ $failures -gt $before_up ]]; then  # nothing to drive
+        grep -v 'variable is not set' "$up_log" | tail -20; compose ps -a; compose logs --tail 60; break
+    fi
     log "[$layout] Grafana has no stand-in here (no registry ships it): left out of the rehearsal"
 
     checks .venv/bin/python scripts/rehearse/client.py talk "$proxy/v1" --sessions 8 --turns 2 --tag a  # 8 sessions: all on one of 2 replicas 1 time in 128
