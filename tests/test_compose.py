@@ -933,7 +933,9 @@ def test_kafka_and_redis_sit_on_a_network_of_their_own_and_turnstreams_container
     assert set(services["prometheus"]["networks"]) == {"dashboards", "metrics", "engines"}
     admin = json.loads(resolve(COMPOSE_PROFILES="admin").stdout)["services"]
     for one_shot in (services["redis-users"], admin["keys"]):  # write a volume, no network at all
-        assert one_shot["read_only"] and one_shot["cap_drop"] == ["ALL"] and one_shot["network_mode"] == "none"
+        assert (
+            one_shot["read_only"] and one_shot["cap_drop"] == ["ALL"] and one_shot["network_mode"] == "none"
+        )
     for name in (*OURS, "judge-alt"):
         s = services[name]
         assert "metrics" in s["networks"] or name == "topics", name
