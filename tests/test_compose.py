@@ -940,6 +940,7 @@ def test_kafka_and_redis_sit_on_a_network_of_their_own_and_turnstreams_container
         s = services[name]
         assert "metrics" in s["networks"] or name == "topics", name
         assert s["cap_drop"] == ["ALL"] and "no-new-privileges:true" in s["security_opt"], name
+        assert s.get("cap_add", []) == (["DAC_OVERRIDE"] if name == "trainer" else []), name
         assert bool(s.get("read_only")) is (name != "trainer"), name
         if s.get("read_only"):
             assert any(t.startswith("/tmp") for t in s["tmpfs"]), name
