@@ -14,8 +14,10 @@ chmod 600 "$file"
 made=()
 # Redis: a password per ACL user (runtime/security/redis_users.py's NAMES).
 redis_users=(ADMIN REPLICA SENTINEL CLIENT PROXY PAIRER DISPATCHER JUDGE TEACHER TRAINER GATE TOPICS SIMULATE EVAL CONSOLE)
+# Kafka: the operator, the controllers' login and a SCRAM user per service (runtime/security/kafka_users.py's NAMES).
+kafka_users=(ADMIN CONTROLLER PROXY PAIRER JUDGE TEACHER DISPATCHER TRAINER EVAL GATE CONSOLE)
 for name in GRAFANA_ADMIN_PASSWORD CONSOLE_TOKEN PROXY_API_KEY ENGINE_API_KEY ENGINE_ADMIN_API_KEY \
-    "${redis_users[@]/#/REDIS_PASSWORD_}"; do
+    "${redis_users[@]/#/REDIS_PASSWORD_}" "${kafka_users[@]/#/KAFKA_PASSWORD_}"; do
     if grep -q "^${name}=" "$file" || [[ -n "${!name:-}" ]]; then
         continue
     fi

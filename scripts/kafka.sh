@@ -7,8 +7,13 @@
 #   scripts/kafka.sh kill      kill -9 it (a crash; its data is kept)
 #   scripts/kafka.sh status    exit 0 when the broker answers
 #   scripts/kafka.sh reset     stop and delete its data
-# Settings: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m), TURNSTREAM_CACHE; for a cluster node
-# KAFKA_NODE_ID, KAFKA_VOTERS (the controller quorum, id@host:port,...) and KAFKA_CLUSTER_ID (the same on each).
+#   scripts/kafka.sh password  print the SASL operator's password (KAFKA_SASL=1): user admin, SCRAM-SHA-512
+# With KAFKA_SASL=1, as the deployments run it: clients log in with SASL/SCRAM-SHA-512 and the broker authorizes
+# every request by ACL (StandardAuthorizer, nothing allowed without one); `admin` (a super user, its password made
+# once per data folder, 0600) exists from the format on; `turnstream kafka-users apply` makes the services' users.
+# Settings: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m), KAFKA_SASL (0), TURNSTREAM_CACHE; for a cluster node
+# KAFKA_NODE_ID, KAFKA_VOTERS (the controller quorum, id@host:port,...), KAFKA_CLUSTER_ID and KAFKA_SECRETS (the
+# passwords' file) the same on each.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -18,6 +23,7 @@ KAFKA_PORT="${KAFKA_PORT:-9092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
 KAFKA_NODE_ID="${KAFKA_NODE_ID:-1}"
 KAFKA_VOTERS="${KAFKA_VOTERS:-}"
+KAFKA_SASL="${KAFKA_SASL:-0}"
 pom_key="$(sha256sum "$POM" | cut -c1-12)"
 LIBS="$TURNSTREAM_CACHE/kafka/$KAFKA_VERSION-$pom_key/libs"
 RUN="$TURNSTREAM_CACHE/kafka/run-$KAFKA_PORT"
@@ -27,6 +33,16 @@ LOGFILE="$RUN/kafka.log"
 
 answers() { (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null && grep -q "Kafka Server started" "$LOGFILE" 2>/dev/null; }
 running() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+SECRETS="${KAFKA_SECRETS:-$RUN/secrets}"  # a cluster's nodes share one: they log in to each other
+secret() { grep "^$1=" "$SECRETS" 2>/dev/null | cut -d= -f2; }
+make_secrets() {  # URL-safe: SCRAM's format arguments are parsed as [key=value,...]
+    [[ -f "$SECRETS" ]] && return 0
+    mkdir -p "$(dirname "$SECRETS")"
+    local who; for who in admin controller; do
+        printf '%s=%s\n' "$who" "$(head -c 18 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+    done >"$SECRETS"
+    chmod 600 "$SECRETS"
+}
 
 install() {
     [[ -f "$LIBS/.complete" ]] && return 0
@@ -44,9 +60,41 @@ java_cmd() {
         -Dlog4j2.configurationFile="$REPO_ROOT/scripts/kafka/log4j2.properties" -cp "$LIBS/*" "$@"
 }
 
+listener_config() {
+    if [[ "$KAFKA_SASL" != 1 ]]; then
+        cat <<CONF
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+CONF
+        return
+    fi
+    # Clients and brokers on CLIENT with SCRAM (users live in the metadata log); the controllers with PLAIN, whose
+    # one user is in this file: a quorum votes before it has read any SCRAM user (KAFKA-15513).
+    cat <<CONF
+listeners=CLIENT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=CLIENT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,CLIENT:SASL_PLAINTEXT
+inter.broker.listener.name=CLIENT
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+sasl.mechanism.controller.protocol=PLAIN
+listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.controller.sasl.enabled.mechanisms=PLAIN
+listener.name.client.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$(secret admin)";
+listener.name.controller.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="controller" password="$(secret controller)" user_controller="$(secret controller)";
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:admin;User:controller
+allow.everyone.if.no.acl.found=false
+CONF
+}
+
 write_config() {
     umask 077  # its data is people's conversations: the owner's only
     mkdir -p "$RUN" && chmod 700 "$RUN"
+    [[ "$KAFKA_SASL" == 1 ]] && make_secrets
     # A cluster keeps its internal topics (consumer offsets, transactions) in three copies, two needed to write.
     local quorum="controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT" copies=1 insync=1
     if [[ -n "$KAFKA_VOTERS" ]]; then quorum="controller.quorum.voters=$KAFKA_VOTERS"; copies=3; insync=2; fi
@@ -54,11 +102,7 @@ write_config() {
 process.roles=broker,controller
 node.id=$KAFKA_NODE_ID
 $quorum
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
-controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
+$(listener_config)
 log.dirs=$DATA
 num.partitions=3
 offsets.topic.replication.factor=$copies
@@ -83,12 +127,14 @@ start() {
     write_config
     if [[ ! -f "$DATA/meta.properties" ]]; then
         log "formatting KRaft storage in $DATA"
+        local users=()  # the operator exists from the first record on: it makes every other user
+        [[ "$KAFKA_SASL" == 1 ]] && users=(--add-scram "SCRAM-SHA-512=[name=admin,password=$(secret admin)]")
         if [[ -n "$KAFKA_VOTERS" ]]; then  # static voters: every node formatted with the cluster's one id
             java_cmd kafka.tools.StorageTool format -t "${KAFKA_CLUSTER_ID:?a cluster node needs KAFKA_CLUSTER_ID}" \
-                -c "$RUN/server.properties" >/dev/null
+                -c "$RUN/server.properties" "${users[@]}" >/dev/null
         else
             java_cmd kafka.tools.StorageTool format --standalone -t "$(java_cmd kafka.tools.StorageTool random-uuid)" \
-                -c "$RUN/server.properties" >/dev/null
+                -c "$RUN/server.properties" "${users[@]}" >/dev/null
         fi
     fi
     local t0; t0=$(date +%s%N)
@@ -122,7 +168,9 @@ case "${1:-start}" in
     kill) running || die "no Kafka of this script runs on 127.0.0.1:$KAFKA_PORT"
           kill -9 "$(cat "$PIDFILE")"; rm -f "$PIDFILE"; log "Kafka on 127.0.0.1:$KAFKA_PORT killed (kill -9)" ;;
     status) running && answers ;;
-    reset) stop; rm -rf "$RUN" ;;
+    reset) stop; rm -rf "$RUN" ;;  # a cluster's shared KAFKA_SECRETS is the cluster script's
     version) echo "$KAFKA_VERSION" ;;
-    *) die "usage: $0 install|start|stop|kill|status|reset|version" ;;
+    password) [[ -n "$(secret admin)" ]] || die "no SASL broker started here yet (KAFKA_SASL=1 scripts/kafka.sh start)"
+              secret admin ;;
+    *) die "usage: $0 install|start|stop|kill|status|reset|version|password" ;;
 esac

@@ -90,8 +90,10 @@ proxy="http://127.0.0.1:$PROXY_PORT"
 
 compose() { docker compose "${files[@]}" "$@"; }
 up_log="$(mktemp)"  # what `compose up` said: shown when it fails (the check's own output is not)
-in_network() {  # a check inside turnstream's image on the compose network (Kafka advertises kafka:9092)
-    compose run --rm --no-deps -v "$REPO_ROOT/scripts/rehearse:/rehearse:ro" --entrypoint python proxy "$@"
+in_network() {  # an operator's check inside turnstream's image on the compose network (Kafka advertises kafka:9092)
+    compose run --rm --no-deps -v "$REPO_ROOT/scripts/rehearse:/rehearse:ro" --entrypoint python \
+        -e TURNSTREAM_KAFKA_SASL_USERNAME=admin -e TURNSTREAM_KAFKA_SASL_PASSWORD="$KAFKA_PASSWORD_ADMIN" \
+        -e KAFKA_PASSWORD_JUDGE="$KAFKA_PASSWORD_JUDGE" proxy "$@"
 }
 up() {
     # every service but grafana (no stand-in); compose starts them in dependency order and waits on health
@@ -215,6 +217,8 @@ for layout in $LAYOUTS; do
     operator() { compose exec -T redis redis-cli --no-auth-warning --user admin --pass "$REDIS_PASSWORD_ADMIN" dbsize \
         | grep -qE '^[0-9]+$'; }
     checks verdict "Redis serves its operator (admin)" operator
+    # Kafka as deployed: SCRAM logins, a user per service, ACLs (runtime/security/kafka_users.py).
+    checks in_network /rehearse/pipeline_check.py kafka
     reach() {  # whether the service's container can open a policy server's health check
         compose exec -T "$1" python -c \
             "import urllib.request; urllib.request.urlopen('http://${2:-sglang-policy}:30000/health', timeout=5)" \

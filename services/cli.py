@@ -75,6 +75,19 @@ def _housekeeping(sub: Subparsers) -> None:
     users.add_argument("--out", help="the file to write (default: standard output)")
     users.add_argument("--sentinel-out", help="also write the Sentinels' user lines here (redis+sentinel://)")
 
+    kusers = command(
+        sub,
+        "kafka-users",
+        "make Kafka's users and ACLs: a user per service (passwords from env)",
+        _kafka_users,
+    )
+    kusers.add_argument(
+        "action",
+        choices=["apply", "show"],
+        help="apply: as kafka.sasl_username (a super user); show: print the ACLs",
+    )
+    kusers.add_argument("--namespace", help="topic name prefix (default: kafka.namespace from the config)")
+
 
 def _users(config: Config, args: argparse.Namespace) -> int:
     """The ACL file for ``aclfile``: each user's password from ``REDIS_PASSWORD_<USER>`` (hashed in the
@@ -101,6 +114,32 @@ def _users(config: Config, args: argparse.Namespace) -> int:
             tmp.chmod(0o644)
             os.replace(tmp, out)
             print(f"turnstream redis-users: {content.count('user ')} users written to {out}", file=sys.stderr)
+    return 0
+
+
+def _kafka_users(config: Config, args: argparse.Namespace) -> int:
+    """Each service's SCRAM user (password from ``KAFKA_PASSWORD_<SERVICE>``) and exactly the ACLs
+    ``runtime/security/kafka_users.py`` declares, in the namespace. Compose's ``topics`` step and the chart's topics
+    job run it as the operator before they make the topics; run again, it changes only what differs."""
+    import os
+
+    from runtime.security.kafka_users import USERS, all_acls, apply, required
+
+    if args.namespace is not None:
+        config = msgspec.structs.replace(config, kafka=config.kafka.in_namespace(args.namespace))
+    if args.action == "show":
+        for a in all_acls(config):
+            print(
+                f"{a.principal:<16} {a.op.name:<10} {a.resource.name.lower():<6} {a.name} ({a.pattern.name.lower()})"
+            )
+        return 0
+    passwords = {n: os.environ.get(f"KAFKA_PASSWORD_{n.upper()}", "") for n in USERS}
+    try:
+        required(passwords, tuple(USERS))
+    except ValueError as exc:
+        return refuse("kafka-users", f"{exc} (KAFKA_PASSWORD_<SERVICE>)")
+    changed = asyncio.run(apply(config, passwords))
+    print(f"turnstream kafka-users: {len(passwords)} users, {changed} ACLs changed", file=sys.stderr)
     return 0
 
 

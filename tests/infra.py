@@ -107,11 +107,17 @@ def start_redis() -> Service:
     return Service(url, "script", lambda: _script("redis.sh", "stop", env), env)
 
 
-def start_private_kafka() -> Service:
+def start_private_kafka(sasl: bool = False) -> Service:
     """A broker of the caller's own, on empty storage and free ports, for a test that stops and restarts its broker:
-    the run's shared one goes on serving every other test meanwhile (the other lane's among them)."""
+    the run's shared one goes on serving every other test meanwhile (the other lane's among them). ``sasl``: as the
+    deployments run it (SCRAM logins, ACLs; ``script_output("kafka.sh", "password", env=service.script_env)`` is
+    its operator's password)."""
     base = free_port_block(2)
-    env = {"KAFKA_PORT": str(base), "KAFKA_CONTROLLER_PORT": str(base + 1)}
+    env = {
+        "KAFKA_PORT": str(base),
+        "KAFKA_CONTROLLER_PORT": str(base + 1),
+        "KAFKA_SASL": "1" if sasl else "0",
+    }
     _script("kafka.sh", "reset", env)
     _script("kafka.sh", "start", env)
     return Service(f"127.0.0.1:{base}", "script", lambda: _script("kafka.sh", "reset", env), env)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from runtime.configuration.config import load_config
+from runtime.security import kafka_users
 from runtime.security.redis_users import NAMES
 from runtime.security.tokens import console_login_url
 from runtime.transport.redis_urls import sentinel_target
@@ -37,6 +38,7 @@ def resolve(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
         "ENGINE_API_KEY": "test-engine-key-0123456789",
         "ENGINE_ADMIN_API_KEY": "test-engine-admin-key-0123456789",
         **{f"REDIS_PASSWORD_{u.upper()}": f"test-redis-{u}" for u in REDIS_USERS},
+        **{f"KAFKA_PASSWORD_{u.upper()}": f"test-kafka-{u}" for u in (*kafka_users.NAMES, "controller")},
     }
     return subprocess.run(
         ["bash", "scripts/compose-config.sh", *files],
@@ -73,12 +75,14 @@ def test_the_services_the_issue_names_with_health_checks_and_restart_policies(
         "prometheus",
         "grafana",
         "redis-users",
+        "kafka-format",
         *OURS,
     }
     for name, s in services.items():
         if name in (
             "topics",
             "redis-users",
+            "kafka-format",
         ):  # one-shot jobs: each does its part, exits, the others wait for it
             assert s["restart"] == "on-failure" and s.get("healthcheck", {"disable": True})["disable"]
             continue
@@ -165,14 +169,33 @@ def test_every_service_runs_a_real_command_with_a_valid_configuration(default: d
     for name in (*OURS, "judge-alt"):
         s = services[name]
         entry = s.get("entrypoint") or ["python", "-m", "services.cli"]
-        assert entry[-2:] == ["-m", "services.cli"], name
-        args = _parser().parse_args(s["command"])
-        assert args.command == ("judge" if name == "judge-alt" else name)
-        assert name != "gate" or args.standby, "with the gate off it stands by instead of restarting for ever"
+        if entry == ["sh", "-c"]:  # topics: the Kafka users, then the topics, as the operator
+            steps = [shlex.split(c.strip()) for c in s["command"][0].split("&&")]
+            assert [step[:3] for step in steps] == [
+                ["python", "-m", "services.cli"],
+                ["exec", "python", "-m"],
+            ]
+            parsed = [_parser().parse_args(step[step.index("services.cli") + 1 :]) for step in steps]
+            assert [(a.command, a.action) for a in parsed] == [("kafka-users", "apply"), ("topics", "create")]
+        else:
+            assert entry[-2:] == ["-m", "services.cli"], name
+            assert _parser().parse_args(s["command"]).command == ("judge" if name == "judge-alt" else name)
+        assert name != "gate" or _parser().parse_args(s["command"]).standby, (
+            "the gate off stands by, no restarts"
+        )
         env = {k: v for k, v in s["environment"].items() if v is not None}
         config = load_config(env=env)  # raises on an unknown or invalid TURNSTREAM_* setting
         user = "judge" if name == "judge-alt" else name  # each service logs in to Redis as its own user
         assert config.kafka.bootstrap == "kafka:9092"
+        kafka_user = "admin" if name == "topics" else user  # and to Kafka (SCRAM), with ACLs of its own
+        assert (config.kafka.security_protocol, config.kafka.sasl_mechanism) == (
+            "SASL_PLAINTEXT",
+            "SCRAM-SHA-512",
+        )
+        assert (config.kafka.sasl_username, config.kafka.sasl_password) == (
+            kafka_user,
+            f"test-kafka-{kafka_user}",
+        )
         assert config.redis.url == f"redis://{user}:test-redis-{user}@redis:6379/0", name
     assert load_config(env=services["dispatcher"]["environment"]).dispatcher.mode == "combine"
     # the held-out evaluation asks the policy server itself: through the proxy it would become training traffic
@@ -815,7 +838,7 @@ def test_ha_every_service_reaches_three_brokers_and_the_redis_master_through_sen
         "1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093"
     }
     assert [e["KAFKA_ADVERTISED_LISTENERS"] for e in envs] == [
-        f"PLAINTEXT://{n}:9092" for n in ("kafka", "kafka-2", "kafka-3")
+        f"CLIENT://{n}:9092" for n in ("kafka", "kafka-2", "kafka-3")
     ]
     assert len({b["volumes"][0]["source"] for b in brokers}) == 3
     assert all(e["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "3" for e in envs)
@@ -923,7 +946,9 @@ def test_kafka_and_redis_sit_on_a_network_of_their_own_and_turnstreams_container
     assert (
         networks["data"]["internal"] and networks["metrics"]["internal"] and networks["engines"]["internal"]
     )
-    stores = {n for n in services if n.startswith(("kafka", "redis")) and n != "redis-users"}
+    stores = {
+        n for n in services if n.startswith(("kafka", "redis")) and n != "redis-users" and "format" not in n
+    }
     assert {"kafka", "kafka-2", "kafka-3", "redis", "redis-replica", "redis-sentinel-1"} <= stores
     for name in stores:
         assert set(services[name]["networks"]) == {"data"}, name
@@ -932,6 +957,9 @@ def test_kafka_and_redis_sit_on_a_network_of_their_own_and_turnstreams_container
     assert set(services["grafana"]["networks"]) == {"dashboards"}
     assert set(services["prometheus"]["networks"]) == {"dashboards", "metrics", "engines"}
     admin = json.loads(resolve(COMPOSE_PROFILES="admin").stdout)["services"]
+    formats = [services[n] for n in ("kafka-format", "kafka-format-2", "kafka-format-3")]
+    for one_shot in formats:
+        assert one_shot["network_mode"] == "none"
     for one_shot in (services["redis-users"], admin["keys"]):  # write a volume, no network at all
         assert (
             one_shot["read_only"] and one_shot["cap_drop"] == ["ALL"] and one_shot["network_mode"] == "none"
@@ -950,3 +978,56 @@ def test_kafka_and_redis_sit_on_a_network_of_their_own_and_turnstreams_container
             continue
         tag = image.rsplit(":", 1)[-1]
         assert re.fullmatch(r"v?\d+\.\d+\.\d+(-\w+)?", tag), f"{name}: {image} is not a pinned release"
+
+
+def test_each_service_logs_in_to_kafka_as_its_own_user_and_the_brokers_allow_nothing_else() -> None:
+    """Issue 55, row 8: Kafka listened in plain text with no login, so any container on its network could write
+    ``samples`` (training past the judge) or read every conversation. Now every broker takes SCRAM logins only and
+    authorizes each request by ACL (none: refused); the topics step, as the operator, makes each service's user with
+    runtime/security/kafka_users.py's ACLs before it makes the topics; each service holds its own password alone, the
+    operator's is held by the brokers, their storage format and the topics step only."""
+    services = json.loads(resolve("compose.yaml", "compose.ha.yaml", COMPOSE_PROFILES="judge-alt").stdout)[
+        "services"
+    ]
+    brokers = ("kafka", "kafka-2", "kafka-3")
+    for name in brokers:
+        env = services[name]["environment"]
+        assert (
+            env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"] == "CONTROLLER:SASL_PLAINTEXT,CLIENT:SASL_PLAINTEXT"
+        )
+        assert (
+            env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+            and "StandardAuthorizer" in env["KAFKA_AUTHORIZER_CLASS_NAME"]
+        )
+        assert env["KAFKA_SUPER_USERS"] == "User:admin;User:controller"
+        assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+        assert (
+            'password="test-kafka-admin"'
+            in env["KAFKA_LISTENER_NAME_CLIENT_SCRAM___SHA___512_SASL_JAAS_CONFIG"]
+        )
+        fmt = services[name.replace("kafka", "kafka-format")]
+        assert services[name]["depends_on"][name.replace("kafka", "kafka-format")]["condition"] == (
+            "service_completed_successfully"
+        )
+        assert fmt["environment"]["NODE_ID"] == env["KAFKA_NODE_ID"]
+        assert fmt["environment"]["VOTERS"] == env["KAFKA_CONTROLLER_QUORUM_VOTERS"]
+        assert [v["source"] for v in fmt["volumes"]] == [v["source"] for v in services[name]["volumes"]]
+        assert "name=admin,password=$$ADMIN_PASSWORD" in fmt["command"][0]
+        assert [k for k in env if k.startswith("KAFKA_PASSWORD")] == [], (
+            "the image would write it to its config"
+        )
+    topics = services["topics"]["environment"]
+    assert {k for k in topics if k.startswith("KAFKA_PASSWORD_")} == {
+        f"KAFKA_PASSWORD_{u.upper()}" for u in kafka_users.USERS
+    }
+    assert topics["TURNSTREAM_KAFKA_SASL_USERNAME"] == kafka_users.OPERATOR
+    made = re.search(r"kafka_users=\(([^)]*)\)", (REPO / "scripts/compose-secrets.sh").read_text())
+    assert made and set(made.group(1).split()) == {u.upper() for u in (*kafka_users.NAMES, "controller")}
+    assert set(kafka_users.USERS) == set(OURS) - {"topics"}
+    for user in kafka_users.NAMES:
+        holders = {n for n, s in services.items() if f"test-kafka-{user}" in json.dumps(s)}
+        own = {n for n in (*OURS, "judge-alt") if (n if n != "judge-alt" else "judge") == user}
+        if user == kafka_users.OPERATOR:
+            assert holders == {*brokers, "kafka-format", "kafka-format-2", "kafka-format-3", "topics"}
+        else:
+            assert holders == own | {"topics"}, user

@@ -31,6 +31,8 @@ NonNegFloat = Annotated[float, Meta(ge=0)]
 Probability = Annotated[float, Meta(ge=0, le=1)]
 
 ENV_PREFIX = "TURNSTREAM_"
+JUDGE_GROUP_PREFIX = "turnstream-judge-"
+"""Every judge id's consumer group starts so (``JudgeConfig.group_id``); the judge's Kafka user may join any of them."""
 
 
 class ConfigError(ValueError):
@@ -442,7 +444,7 @@ class JudgeConfig(_Section):
     @property
     def group_id(self) -> str:
         """Each judge id is a consumer group of its own: a second judge group sees every paired turn."""
-        return f"turnstream-judge-{self.judge_id}"
+        return f"{JUDGE_GROUP_PREFIX}{self.judge_id}"
 
 
 class TeacherConfig(_Section):

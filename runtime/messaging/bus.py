@@ -20,6 +20,8 @@ from typing import Any, Generic, Literal, TypeVar
 import redis.exceptions
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
     IllegalStateError,
     InvalidProducerEpoch,
     InvalidProducerIdMapping,
@@ -27,6 +29,7 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     OutOfOrderSequenceNumber,
+    TopicAuthorizationFailedError,
     UnknownProducerId,
 )
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, RecordMetadata
@@ -92,6 +95,34 @@ def _security(kafka: KafkaConfig) -> dict[str, Any]:
     return opts
 
 
+class KafkaLoginRefused(ConnectionError):
+    """The brokers refused this client's SASL user or password: waiting would not help (aiokafka reports it as a
+    broker it could not reach)."""
+
+
+async def login_refused(kafka: KafkaConfig) -> str | None:
+    """Why the brokers refuse ``kafka``'s login, or None (no SASL, or no broker said so). One connection per
+    bootstrap server, made only after a client could not start: aiokafka logs the refusal and raises
+    ``KafkaConnectionError``, the same error as for a broker that is down."""
+    if not kafka.sasl_mechanism:
+        return None
+    from aiokafka.conn import create_conn
+    from aiokafka.errors import IllegalSaslStateError, SaslAuthenticationFailed, UnsupportedSaslMechanismError
+
+    for server in kafka.bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            conn = await create_conn(
+                host.strip("[]"), int(port), request_timeout_ms=10_000, **_security(kafka)
+            )
+        except (SaslAuthenticationFailed, UnsupportedSaslMechanismError, IllegalSaslStateError) as exc:
+            return str(exc)
+        except Exception:  # unreachable, or any other trouble: the caller's retry handles it
+            continue
+        conn.close()
+    return None
+
+
 class RecordTooLarge(ValueError):
     """A record Kafka would refuse (``MAX_MESSAGE_BYTES``): raised before sending, so it never reaches aiokafka's
     retry loop. Not ``transient``: sending it again cannot succeed."""
@@ -126,8 +157,8 @@ C = TypeVar("C", AIOKafkaProducer, AIOKafkaConsumer)
 
 async def _start_retrying(make: Callable[[], C], kafka: KafkaConfig, wait_s: float | None, what: str) -> C:
     """A started aiokafka client from ``make``; while the broker is unreachable, retry with a fresh one (a client
-    whose start failed is not restartable) until ``wait_s`` has passed. Other errors (TLS, authentication) fail
-    at once."""
+    whose start failed is not restartable) until ``wait_s`` has passed. Other errors (TLS, a refused login or
+    authorization) fail at once."""
     wait = kafka.connect_wait_s if wait_s is None else wait_s
     deadline = time.monotonic() + wait
     backoff = 0.5
@@ -139,6 +170,10 @@ async def _start_retrying(make: Callable[[], C], kafka: KafkaConfig, wait_s: flo
         except KafkaConnectionError as exc:
             with contextlib.suppress(Exception):
                 await client.stop()
+            if refused := await login_refused(kafka):
+                raise KafkaLoginRefused(
+                    f"Kafka refused {what}'s login as {kafka.sasl_username!r} ({kafka.sasl_mechanism}): {refused}"
+                ) from exc
             left = deadline - time.monotonic()
             if left <= 0:
                 raise
@@ -154,6 +189,10 @@ async def _start_retrying(make: Callable[[], C], kafka: KafkaConfig, wait_s: flo
             await asyncio.sleep(min(backoff, left))
             backoff = min(backoff * 2, 5.0)
 
+
+REFUSED = (TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError)
+"""The brokers' ACLs forbid what this client asked: a deployment's mistake that no retry mends, so it stops the
+service with the broker's reason (``runtime/security/kafka_users.py`` declares what each service may do)."""
 
 _RENEW_ON = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, InvalidProducerIdMapping)
 """Send errors after which an idempotent producer cannot go on: the broker lost (or fenced) its state."""
@@ -468,6 +507,9 @@ class EventConsumer:
                 batch = await self._consumer.getmany(
                     timeout_ms=self.poll_timeout_ms, max_records=self.max_batch
                 )
+            except REFUSED as exc:
+                log.error("Kafka refused this consumer", extra={"group": self.group_id, "error": repr(exc)})
+                raise
             except KafkaError as exc:
                 log.warning("poll failed, retrying", extra={"error": repr(exc)})
                 await asyncio.sleep(backoff)

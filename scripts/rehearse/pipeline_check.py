@@ -14,6 +14,8 @@ advertises ``kafka:9092``, which only that network resolves).
                                                           # every policy replica (or only HOST...), each
                                                           # session by one
     python pipeline_check.py topics                       # every topic has the copies the brokers can give
+    python pipeline_check.py kafka                        # no login reaches nothing; the judge's user may not
+                                                          # write samples or read turns; a wrong password fails
 
 Every check prints ``PASS <what>`` or ``FAIL <what>: <why>``; a failure exits 1. Settings come from the environment
 compose gives turnstream's services (TURNSTREAM_KAFKA_*).
@@ -175,6 +177,51 @@ async def topics() -> None:
     )
 
 
+async def kafka() -> None:
+    """Kafka as deployed (docs/security.md): a client without a login reaches nothing; the judge's user may neither
+    write ``samples`` (training past the dispatcher) nor read ``turns``; a wrong password is refused at once."""
+    import os
+
+    import msgspec
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    from runtime.messaging.bus import EventProducer, KafkaLoginRefused
+
+    base = load_config().kafka
+    judge = msgspec.structs.replace(
+        base, sasl_username="judge", sasl_password=os.environ["KAFKA_PASSWORD_JUDGE"], connect_wait_s=20
+    )
+    anonymous = msgspec.structs.replace(
+        base, security_protocol="PLAINTEXT", sasl_mechanism=None, sasl_username=None, sasl_password=None,
+        connect_wait_s=10,
+    )  # fmt: skip
+    try:
+        async with EventProducer(anonymous) as producer:
+            await producer.send_raw(SAMPLES.name(base.namespace), b"{}", b"x")
+        check(False, "Kafka refuses a client without a login", "it wrote to samples")
+    except Exception as exc:
+        check(True, f"Kafka refuses a client without a login ({type(exc).__name__})")
+    async with EventProducer(judge) as producer:
+        try:
+            await producer.send_raw(SAMPLES.name(base.namespace), b"{}", b"x")
+            check(False, "Kafka refuses the judge's user a write to samples", "written")
+        except TopicAuthorizationFailedError:
+            check(True, "Kafka refuses the judge's user a write to samples")
+    try:
+        n = len([r async for r in read_topic(judge, TURNS, skip_undecodable=True)])
+        check(False, "Kafka refuses the judge's user the conversations in turns", f"it read {n} records")
+    except TopicAuthorizationFailedError:
+        check(True, "Kafka refuses the judge's user the conversations in turns")
+    started = time.monotonic()
+    try:
+        async with EventProducer(msgspec.structs.replace(judge, sasl_password="not-the-password")):
+            pass
+        check(False, "Kafka refuses a wrong password at once", "logged in")
+    except KafkaLoginRefused:
+        took = time.monotonic() - started
+        check(took < 15, f"Kafka refuses a wrong password at once ({took:.1f} s)", "it waited")
+
+
 async def engine() -> None:
     """What the reloader made of the newest version, asked of every policy server itself."""
     config = load_config()
@@ -253,6 +300,8 @@ if __name__ == "__main__":
         asyncio.run(replicas(args[1], args[2:]))
     elif args[:1] == ["topics"]:
         asyncio.run(topics())
+    elif args[:1] == ["kafka"]:
+        asyncio.run(kafka())
     elif args[:1] == ["counts"]:
         print(json.dumps(asyncio.run(counts())))
     else:
