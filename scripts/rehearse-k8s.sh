@@ -103,8 +103,12 @@ checks verdict "the proxy answers through its Service ($proxy)" wait_for 300 rea
 log "installed and ready in $(( $(date +%s) - install_started )) s"
 [[ $failures -eq 0 ]] || { k get pods -o wide >&2; k describe pods | tail -80 >&2; }
 
-pipeline() {  # pipeline_check.py inside the proxy's pod (its settings: Kafka, Redis through the Sentinels, keys)
-    k exec -i "$FN-proxy-0" -c proxy -- python - "$@" <scripts/rehearse/pipeline_check.py
+kafka_password() { k get secret "$FN-kafka-users" -o jsonpath="{.data.$1}" | base64 -d; }
+pipeline() {  # pipeline_check.py inside the proxy's pod (its settings: Kafka, Redis through the Sentinels, keys),
+    # as Kafka's operator: it reads every topic
+    k exec -i "$FN-proxy-0" -c proxy -- env TURNSTREAM_KAFKA_SASL_USERNAME=admin \
+        TURNSTREAM_KAFKA_SASL_PASSWORD="$(kafka_password admin)" KAFKA_PASSWORD_JUDGE="$(kafka_password judge)" \
+        python - "$@" <scripts/rehearse/pipeline_check.py
 }
 client() { inside .venv/bin/python scripts/rehearse/client.py "$@"; }
 next_version() {
@@ -175,6 +179,38 @@ checks verdict "the Sentinels refuse a client without a password" \
 checks verdict "the Sentinels refuse the services' client user a failover" \
     k_says "$FN-redis-sentinel-0" sentinel '^NOPERM' -p 26379 --user client --pass "$(redis_password client)" \
     sentinel failover turnstream
+
+log "[$layout] Kafka as deployed: SCRAM logins, a user per service, ACLs"
+checks pipeline kafka
+
+log "[$layout] pods apart: the chart's NetworkPolicies, enforced by kube-network-policies"
+# connects POD CONTAINER HOST PORT: whether a TCP connection from that container reaches HOST:PORT within 5 s
+connects() {
+    k exec "$1" -c "$2" -- python -c "import socket,sys; socket.create_connection(('$3', $4), 5)" >/dev/null 2>&1
+}
+refused_from() { ! connects "$@"; }
+k run np-outsider --image="$TURNSTREAM_IMAGE" --image-pull-policy=Never --restart=Never --labels=app=outsider \
+    --command -- sleep 3600 >/dev/null
+k wait --for=condition=Ready pod/np-outsider --timeout=120s >/dev/null
+redis_host="$FN-redis-0.$FN-redis" kafka_host="$FN-kafka-0.$FN-kafka" policy_host="$FN-policy-0.$FN-policy"
+proxy_reaches_all() {
+    connects "$FN-proxy-0" proxy "$redis_host" 6379 && connects "$FN-proxy-0" proxy "$kafka_host" 9092 \
+        && connects "$FN-proxy-0" proxy "$policy_host" 30000
+}
+checks verdict "the proxy reaches Redis, Kafka and a policy server" proxy_reaches_all
+checks verdict "a pod outside the release cannot reach Redis" refused_from np-outsider np-outsider "$redis_host" 6379
+checks verdict "a pod outside the release cannot reach Kafka" refused_from np-outsider np-outsider "$kafka_host" 9092
+checks verdict "a pod outside the release cannot reach a policy server" \
+    refused_from np-outsider np-outsider "$policy_host" 30000
+checks verdict "a pod outside the release cannot reach the trainer's rendezvous" \
+    refused_from np-outsider np-outsider "$FN-trainer-0.$FN-trainer" 29500
+checks verdict "a pod outside the release still reaches the proxy (the front door)" \
+    connects np-outsider np-outsider "$FN-proxy" 8000
+gate_pod="$(k get pods -l app.kubernetes.io/component=gate -o jsonpath='{.items[0].metadata.name}')"
+checks verdict "the gate's pod, not an engine's client, cannot reach a policy server" \
+    refused_from "$gate_pod" gate "$policy_host" 30000
+checks verdict "the gate's pod cannot reach Kafka's controller port" refused_from "$gate_pod" gate "$kafka_host" 9093
+k delete pod np-outsider --wait=false >/dev/null
 
 deleted_in_traffic p "$FN-policy-1" "a policy pod deleted in the middle of traffic"
 checks pipeline engine

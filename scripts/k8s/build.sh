@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build a single-node Kubernetes from the Go module proxy, once, into the cache (make rehearse-k8s; docs/kubernetes.md):
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy and kubectl at v1.37.2, etcd v3.6.16,
-# helm v4.3.2 and CoreDNS v1.14.7. Prints the bin folder. About 25 minutes cold on two cores, seconds when built.
-#   bash scripts/k8s/build.sh [kubernetes] [etcd] [helm] [coredns]      (default: all)
+# helm v4.3.2, CoreDNS v1.14.7 and kube-router v2.1.0 (its firewall enforces NetworkPolicy). Prints the bin folder.
+# About 25 minutes cold on two cores, seconds when built.
+#   bash scripts/k8s/build.sh [kubernetes] [etcd] [helm] [coredns] [netpol]      (default: all)
 #
 # Why a wrapper module: k8s.io/kubernetes replaces every k8s.io/* staging module with ./staging/..., which
 # `go install pkg@version` refuses. The wrapper requires k8s.io/kubernetes and replaces each staging module with its
@@ -15,6 +16,8 @@ K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.14.7}"
+KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}" # the one version the module proxy serves (advisories exist
+# against it; it runs only inside the rehearsal's network namespace, which has no route out)
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 HOME_DIR="$TURNSTREAM_CACHE/k8s-$K8S_VERSION"
 BIN="$HOME_DIR/bin"
@@ -68,7 +71,7 @@ published_version() {
 
 built() { for b in "$@"; do [[ -x "$BIN/$b" ]] || return 1; done; }
 wanted=("$@")
-[[ ${#wanted[@]} -gt 0 ]] || wanted=(kubernetes etcd helm coredns)
+[[ ${#wanted[@]} -gt 0 ]] || wanted=(kubernetes etcd helm coredns netpol)
 want() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
 
 if want kubernetes && ! built "${K8S_CMDS[@]}"; then
@@ -111,10 +114,17 @@ if want coredns && ! built coredns; then
     mv "$HOME_DIR/gobin/coredns" "$BIN/coredns"
 fi
 
+if want netpol && ! built kube-router; then
+    log "building kube-router $KUBE_ROUTER_VERSION"
+    GOBIN="$HOME_DIR/gobin" go install -p "$BUILD_P" -ldflags "-s -w" \
+        "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+    mv "$HOME_DIR/gobin/kube-router" "$BIN/kube-router"
+fi
+
 # The Go caches (the compile cache about 6 GB, the modules about 3 GB) are not needed once the binaries exist, and
 # the rehearsal needs the disk: containerd keeps each imported image twice (docs/kubernetes.md). A rebuild (another
 # version) downloads the modules again: minutes of the ~20 cold.
-if built "${K8S_CMDS[@]}" etcd helm coredns; then
+if built "${K8S_CMDS[@]}" etcd helm coredns kube-router; then
     if [[ -d "$GOPATH" ]]; then chmod -R u+w "$GOPATH"; fi  # the module cache is read-only
     rm -rf "$GOCACHE" "$GOPATH"
 fi

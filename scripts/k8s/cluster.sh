@@ -20,6 +20,9 @@
 # - storage: a pool of hostPath PersistentVolumes (ReadWriteOnce and ReadWriteMany: one node) made at start; no
 #   provisioner is needed for a chart whose claims fit them.
 # - DNS: CoreDNS as a process on the node's address (clusterDNS), serving cluster.local only: nothing to forward to.
+# - NetworkPolicy: the bridge CNI enforces none, so kube-router's firewall alone (iptables and ipsets on the bridged
+#   traffic) runs as a process too. kube-network-policies, SIG Network's agent, needs nftables' queue expression,
+#   which this kernel lacks ("add rule ... queue": No such file or directory).
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 
@@ -57,6 +60,10 @@ debian_packages() {
     command -v iptables >/dev/null || {
         log "installing Debian's iptables (kube-proxy's rules inside the namespace)"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables conntrack >/dev/null
+    }
+    command -v ipset >/dev/null || {
+        log "installing Debian's ipset (kube-router's NetworkPolicy sets inside the namespace)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ipset >/dev/null
     }
 }
 
@@ -276,6 +283,12 @@ EOF
     daemon coredns "$(bin_dir)/coredns" -conf "$STATE/Corefile"
 }
 
+netpol() {
+    daemon netpol "$(bin_dir)/kube-router" --run-firewall=true --run-router=false --run-service-proxy=false \
+        --enable-cni=false --enable-ipv6=false --kubeconfig="$KUBECONFIG" --hostname-override="$NODE_NAME" \
+        --metrics-port=0 --health-port=0 --v=1
+}
+
 start() {
     [[ "$(id -u)" == 0 ]] || die "the cluster needs root (network namespace, containerd, kubelet)"
     bash "$REPO_ROOT/scripts/k8s/build.sh" >/dev/null
@@ -324,6 +337,7 @@ start() {
     coredns
     wait_for 120 node_ready || { tail -30 "$STATE/logs/kubelet.log" >&2; die "the node did not become Ready"; }
     pv_pool
+    netpol
     log "Kubernetes $K8S_VERSION up in $(( $(date +%s) - t0 )) s (node $NODE_IP, KUBECONFIG=$KUBECONFIG)"
 }
 
@@ -373,7 +387,7 @@ import_images() {
 }
 
 stop() {
-    for name in kube-proxy kubelet coredns scheduler controller-manager apiserver etcd; do
+    for name in netpol kube-proxy kubelet coredns scheduler controller-manager apiserver etcd; do
         [[ -f "$STATE/run/$name.pid" ]] || continue
         kill "$(cat "$STATE/run/$name.pid")" 2>/dev/null || true
     done
@@ -394,7 +408,7 @@ stop() {
     done
     [[ -f "$STATE/run/containerd.pid" ]] && kill "$(cat "$STATE/run/containerd.pid")" 2>/dev/null || true
     sleep 1
-    for name in kube-proxy kubelet coredns scheduler controller-manager apiserver etcd containerd; do
+    for name in netpol kube-proxy kubelet coredns scheduler controller-manager apiserver etcd containerd; do
         [[ -f "$STATE/run/$name.pid" ]] && kill -9 "$(cat "$STATE/run/$name.pid")" 2>/dev/null || true
         rm -f "$STATE/run/$name.pid"
     done

@@ -51,6 +51,33 @@ imagePullPolicy: {{ $i.pullPolicy }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret with a password per Kafka user (runtime/security/kafka_users.py's NAMES, and `controller`). */}}
+{{- define "ts.kafkaUsersSecret" -}}
+{{- .Values.kafka.users.existingSecret | default (printf "%s-kafka-users" (include "ts.fullname" .)) -}}
+{{- end -}}
+
+{{/* Kafka for a service: bundled, its own SCRAM user (include "ts.kafkaEnv" (list . "proxy"); "topics" is the
+operator, admin), whose ACLs `turnstream kafka-users apply` made in the topics job. kafka.bundled false: yours,
+through `env` (docs/security.md). */}}
+{{- define "ts.kafkaEnv" -}}
+{{- $root := index . 0 -}}
+{{- $user := index . 1 -}}
+{{- if $root.Values.kafka.bundled }}
+{{- if eq $user "topics" }}{{ $user = "admin" }}{{ end }}
+- name: TURNSTREAM_KAFKA_SECURITY_PROTOCOL
+  value: SASL_PLAINTEXT
+- name: TURNSTREAM_KAFKA_SASL_MECHANISM
+  value: SCRAM-SHA-512
+- name: TURNSTREAM_KAFKA_SASL_USERNAME
+  value: {{ $user | quote }}
+- name: TURNSTREAM_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "ts.kafkaUsersSecret" $root }}
+      key: {{ $user }}
+{{- end }}
+{{- end -}}
+
 {{/* The Secret with a password per Redis ACL user (runtime/security/redis_users.py's NAMES). */}}
 {{- define "ts.redisUsersSecret" -}}
 {{- .Values.redis.users.existingSecret | default (printf "%s-redis-users" (include "ts.fullname" .)) -}}
@@ -126,11 +153,14 @@ no password: what an init container's wait asks). redis.bundled false: redis.url
 include "ts.commonEnv" (list . "pairer"). */}}
 {{- define "ts.commonEnv" -}}
 {{- $user := index . 1 -}}
+{{- $kafkaUser := $user -}}
+{{- if gt (len .) 2 }}{{ $kafkaUser = index . 2 }}{{ end -}}
 {{- with index . 0 -}}
 - name: TURNSTREAM_KAFKA_BOOTSTRAP
   value: {{ include "ts.kafkaBootstrap" . | quote }}
 - name: TURNSTREAM_KAFKA_NAMESPACE
   value: {{ .Values.kafkaNamespace | quote }}
+{{- include "ts.kafkaEnv" (list . $kafkaUser) }}
 {{- include "ts.redisEnv" (list . $user) }}
 {{- if and .Values.redis.bundled .Values.redis.sentinel }}
 - name: TURNSTREAM_KAFKA_SEAL_KEYS_REPLICAS # a new sealing key reaches the replica before anything is sealed
@@ -211,13 +241,15 @@ livenessProbe:
 {{- end -}}
 
 {{/* Services wait for their topics and Redis: an init container that asks until both answer (compose's
-depends_on). The turnstream image has Python: no other image is pulled for it. */}}
+depends_on), as the service's Kafka user (which may describe every topic) and Redis's `probe`. The turnstream image
+has Python: no other image is pulled for it. include "ts.waitForInfra" (list . "proxy") */}}
 {{- define "ts.waitForInfra" -}}
+{{- $root := index . 0 -}}
 - name: wait-for-kafka-and-redis
-  {{- include "ts.image" (list .Values.image.turnstream) | nindent 2 }}
+  {{- include "ts.image" (list $root.Values.image.turnstream) | nindent 2 }}
   command: ["python", "-m", "services.cli", "topics", "wait"]
   env:
-    {{- include "ts.commonEnv" (list . "") | nindent 4 }}
+    {{- include "ts.commonEnv" (list $root "" (index . 1)) | nindent 4 }}
 {{- end -}}
 
 {{/* A volume the service (uid 10001 in turnstream's image) must own: it makes its folder private (chmod 700),
