@@ -11,6 +11,7 @@
 # With KAFKA_SASL=1, as the deployments run it: clients log in with SASL/SCRAM-SHA-512 and the broker authorizes
 # every request by ACL (StandardAuthorizer, nothing allowed without one); `admin` (a super user, its password made
 # once per data folder, 0600) exists from the format on; `turnstream kafka-users apply` makes the services' users.
+# A formatted broker keeps the mode it was formatted in. `turnstream run` starts its broker so.
 # Settings: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m), KAFKA_SASL (0), TURNSTREAM_CACHE; for a cluster node
 # KAFKA_NODE_ID, KAFKA_VOTERS (the controller quorum, id@host:port,...), KAFKA_CLUSTER_ID and KAFKA_SECRETS (the
 # passwords' file) the same on each.
@@ -23,7 +24,6 @@ KAFKA_PORT="${KAFKA_PORT:-9092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
 KAFKA_NODE_ID="${KAFKA_NODE_ID:-1}"
 KAFKA_VOTERS="${KAFKA_VOTERS:-}"
-KAFKA_SASL="${KAFKA_SASL:-0}"
 pom_key="$(sha256sum "$POM" | cut -c1-12)"
 LIBS="$TURNSTREAM_CACHE/kafka/$KAFKA_VERSION-$pom_key/libs"
 RUN="$TURNSTREAM_CACHE/kafka/run-$KAFKA_PORT"
@@ -34,6 +34,10 @@ LOGFILE="$RUN/kafka.log"
 answers() { (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null && grep -q "Kafka Server started" "$LOGFILE" 2>/dev/null; }
 running() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 SECRETS="${KAFKA_SECRETS:-$RUN/secrets}"  # a cluster's nodes share one: they log in to each other
+KAFKA_SASL="${KAFKA_SASL:-0}"
+if [[ -f "$DATA/meta.properties" ]]; then  # a broker keeps the mode it was formatted in (reset to change it)
+    if [[ -f "$SECRETS" ]]; then KAFKA_SASL=1; else KAFKA_SASL=0; fi
+fi
 secret() { grep "^$1=" "$SECRETS" 2>/dev/null | cut -d= -f2; }
 make_secrets() {  # URL-safe: SCRAM's format arguments are parsed as [key=value,...]
     [[ -f "$SECRETS" ]] && return 0

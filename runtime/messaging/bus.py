@@ -227,11 +227,11 @@ class EventProducer:
 
     async def start(self, wait_s: float | None = None) -> None:
         """Connect, retrying an unreachable broker for ``wait_s`` (default ``kafka.connect_wait_s``)."""
-        unstarted, self._producer = (
-            self._producer,
-            await _start_retrying(self._make, self.kafka, wait_s, "producer"),
-        )
-        await unstarted.stop()  # never started: only releases what its constructor set up
+        unstarted = self._producer
+        try:
+            self._producer = await _start_retrying(self._make, self.kafka, wait_s, "producer")
+        finally:
+            await unstarted.stop()  # never started: only releases what its constructor set up
 
     async def stop(self) -> None:
         await self._producer.stop()

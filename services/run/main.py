@@ -28,7 +28,7 @@ from runtime.engine.model_store import cache_dir
 from runtime.process.supervisor import Service, StartupFailed, Supervisor, tail
 from runtime.security.files import private_dir
 from runtime.security.tokens import console_login_url, engine_keys, proxy_key
-from services.run.own_users import give_own_users, remove_users
+from services.run.own_users import give_own_kafka_users, give_own_users, remove_kafka_users, remove_users
 from services.run.plan import plan
 from services.run.preflight import busy, ephemeral
 from services.run.progress import Progress, scrape
@@ -41,14 +41,17 @@ def _say(text: str) -> None:
 
 
 def start_local_infra(config: Config) -> Config:
-    """Kafka and Redis from scripts/ on the ports the configuration names (left running afterwards); ``config``
-    logging in to that Redis as its ``admin`` (scripts/redis.sh's), unless ``redis.url`` names a user already."""
+    """Kafka and Redis from scripts/ on the ports the configuration names (left running afterwards), as deployed:
+    ``config`` logging in to that Redis as its ``admin`` (scripts/redis.sh's), unless ``redis.url`` names a user
+    already, and to a Kafka started here as its operator (SCRAM; a broker already running in plain text stays so)."""
     kafka_port = config.kafka.bootstrap.split(",")[0].rsplit(":", 1)[-1]
     redis_port = str(urlparse(config.redis.url).port or 6379)
-    for script, env in (("kafka.sh", {"KAFKA_PORT": kafka_port}), ("redis.sh", {"REDIS_PORT": redis_port})):
+    kafka_env = {"KAFKA_PORT": kafka_port, "KAFKA_SASL": os.environ.get("KAFKA_SASL", "1")}
+    for script, env in (("kafka.sh", kafka_env), ("redis.sh", {"REDIS_PORT": redis_port})):
         subprocess.run(
             ["bash", str(REPO / "scripts" / script), "start"], check=True, env={**os.environ, **env}
         )
+    config = _kafka_operator(config, kafka_env)
     if urlparse(config.redis.url).password:
         return config
     admin = subprocess.run(
@@ -64,6 +67,29 @@ def start_local_infra(config: Config) -> Config:
     return msgspec.structs.replace(
         config, redis=msgspec.structs.replace(config.redis, url=admin), kafka=kafka
     )
+
+
+def _kafka_operator(config: Config, env: dict[str, str]) -> Config:
+    """``config`` logging in to scripts/kafka.sh's broker as its operator, where it takes SASL logins and the
+    configuration names no user of its own."""
+    if config.kafka.sasl_mechanism:
+        return config
+    password = subprocess.run(
+        ["bash", str(REPO / "scripts" / "kafka.sh"), "password"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    if password.returncode != 0:  # a broker in plain text (one started before, or KAFKA_SASL=0)
+        return config
+    kafka = msgspec.structs.replace(
+        config.kafka,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="admin",
+        sasl_password=password.stdout.strip(),
+    )
+    return msgspec.structs.replace(config, kafka=kafka)
 
 
 def _write_status(path: Path, progress: Progress) -> None:
@@ -143,6 +169,7 @@ async def run_pipeline(
             "(/proc/sys/net/ipv4/ip_local_port_range), where any outgoing connection may take it first"
         )
     services, users = await _own_users(config, services)
+    services, kafka_logins = await _own_kafka_users(config, services)
     supervisor = Supervisor(services, run_dir, rc.startup_timeout_s)
     _say(f"starting {', '.join(s.name for s in services)} (logs in {run_dir})")
     code = 0
@@ -175,6 +202,10 @@ async def run_pipeline(
             await remove_users(config, users)
         except (RedisError, OSError) as exc:
             _say(f"could not remove this run's Redis users {', '.join(users)}: {exc!r}")
+        try:
+            await remove_kafka_users(config, kafka_logins)
+        except (KafkaError, OSError, RuntimeError) as exc:
+            _say(f"could not remove this run's Kafka users {', '.join(kafka_logins)}: {exc!r}")
     return code
 
 
@@ -191,6 +222,16 @@ async def _own_users(config: Config, services: list[Service]) -> tuple[list[Serv
         return services, []
     _say(f"Redis: each service logs in as its own ACL user: {users[0].rsplit('-', 1)[0]}-<service>")
     return services, users
+
+
+async def _own_kafka_users(config: Config, services: list[Service]) -> tuple[list[Service], list[str]]:
+    """Where Kafka takes SASL logins: each service a SCRAM user of its own with its ACLs, made through the
+    configuration's user (which must be a super user: scripts/kafka.sh's ``admin`` is)."""
+    if not config.kafka.sasl_mechanism:
+        return services, []
+    services, logins = await give_own_kafka_users(config, services)
+    _say(f"Kafka: each service logs in as its own user: {logins[0].rsplit('-', 1)[0]}-<service>")
+    return services, logins
 
 
 async def _write_curve(config: Config, run_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """Each service ``turnstream run`` starts logs in to Redis as an ACL user of its own (runtime/security/redis_users.py),
-made for this run through ``redis.url`` and removed when it stops: the rules a deployment renders into its ACL
-file are the ones every run, and its test, works under."""
+and to a Kafka that takes SASL logins as a SCRAM user of its own (runtime/security/kafka_users.py), made for this run
+as the operator and removed when it stops: the rules a deployment renders are the ones every run works under."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from runtime.configuration.config import Config
 from runtime.process.supervisor import Service
+from runtime.security import kafka_users
 from runtime.security.redis_users import USERS, provision, with_user
 from runtime.transport.redis_urls import redis_client
 
@@ -52,3 +53,32 @@ async def remove_users(config: Config, users: list[str]) -> None:
         await admin.acl_deluser(*users)
     finally:
         await admin.aclose()
+
+
+async def give_own_kafka_users(config: Config, services: list[Service]) -> tuple[list[Service], list[str]]:
+    """``services`` logging in to Kafka each as a SCRAM user of its own with its service's ACLs, made through
+    ``config.kafka`` (a super user), and the users made. Services that use no Kafka are left as they are."""
+    run = f"run-{secrets.token_hex(3)}-"
+    names = [s.name for s in services if s.name in kafka_users.USERS]
+    passwords = {name: secrets.token_urlsafe(18) for name in names}
+    logins = {name: run + name for name in names}
+    await kafka_users.apply(config, passwords, logins)
+    given = []
+    for service in services:
+        if service.name in logins:
+            env = {
+                **service.env,
+                "TURNSTREAM_KAFKA_SECURITY_PROTOCOL": config.kafka.security_protocol,
+                "TURNSTREAM_KAFKA_SASL_MECHANISM": str(config.kafka.sasl_mechanism),
+                "TURNSTREAM_KAFKA_SASL_USERNAME": logins[service.name],
+                "TURNSTREAM_KAFKA_SASL_PASSWORD": passwords[service.name],
+            }
+            service = msgspec.structs.replace(service, env=env)
+        given.append(service)
+    return given, list(logins.values())
+
+
+async def remove_kafka_users(config: Config, users: list[str]) -> None:
+    """Delete the run's Kafka users and their ACLs."""
+    if users:
+        await kafka_users.remove(config, users)

@@ -24,7 +24,7 @@ from runtime.messaging.acls import Acl, Op, Pattern, Resource, create_acls, desc
 from runtime.messaging.bus import EventConsumer, EventProducer, KafkaLoginRefused, read_topic
 from runtime.messaging.topics import _admin, create_topics, describe_topics, group_lag
 from runtime.security.kafka_users import USERS, acls, apply, principal
-from schemas.topics import ALL_TOPICS, DEADLETTER, SAMPLES, TURNS, TURNS_PAIRED, TopicSpec
+from schemas.topics import ALL_TOPICS, DEADLETTER, JUDGMENTS, SAMPLES, TURNS, TURNS_PAIRED, TopicSpec
 from tests.infra import Service, script_output, start_private_kafka
 
 PASSWORDS = {name: f"pw-{name}-{uuid.uuid4().hex[:8]}" for name in USERS}
@@ -194,3 +194,35 @@ async def test_only_the_operator_makes_and_reconfigures_topics(deployed: Config)
         await asyncio.wait_for(create_topics(trainer, partitions=1), 40)
     states = await describe_topics(deployed.kafka)
     assert {s.status for s in states} == {"exists"}
+
+
+async def test_turnstream_run_gives_each_service_a_kafka_user_of_its_own_and_removes_them(
+    deployed: Config,
+) -> None:
+    """``turnstream run`` on a broker that takes SASL logins (scripts/kafka.sh starts its own so): each service it
+    starts logs in as a user made for the run, with its service's ACLs; services without Kafka get none; the stop
+    removes the users (a removed user's login is refused) and their ACLs."""
+    from runtime.process.supervisor import Service as Process
+    from services.run.own_users import give_own_kafka_users, remove_kafka_users
+
+    services = [Process(n, [n], {"KEEP": "1"}, 0, "/metrics", 2) for n in ("judge", "dispatcher", "simulate")]
+    given, logins = await give_own_kafka_users(deployed, services)
+    env = {s.name: s.env for s in given}
+    assert env["simulate"] == {"KEEP": "1"} and len(logins) == 2
+    judge = msgspec.structs.replace(
+        deployed.kafka,
+        sasl_username=env["judge"]["TURNSTREAM_KAFKA_SASL_USERNAME"],
+        sasl_password=env["judge"]["TURNSTREAM_KAFKA_SASL_PASSWORD"],
+    )
+    assert judge.sasl_username.startswith("run-") and judge.sasl_username.endswith("-judge")
+    assert await writes(judge, JUDGMENTS) and not await writes(judge, SAMPLES)
+    await remove_kafka_users(deployed, logins)
+    admin = _admin(deployed.kafka)
+    await admin.start()
+    try:
+        assert [a for login in logins for a in await describe_acls(admin, principal(login))] == []
+    finally:
+        await admin.close()
+    with pytest.raises(KafkaLoginRefused):
+        async with EventProducer(judge):
+            pass
