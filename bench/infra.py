@@ -22,6 +22,22 @@ def start_kafka(started: Started) -> str:
     return "127.0.0.1:29092"
 
 
+def start_sasl_kafka(started: Started) -> tuple[str, str]:
+    """A broker as the deployments run it (SCRAM logins, ACLs), on ports of its own: its bootstrap and its
+    operator's (``admin``) password."""
+    env = {"KAFKA_PORT": "29192", "KAFKA_CONTROLLER_PORT": "29193", "KAFKA_SASL": "1"}
+    subprocess.run(["bash", str(REPO / "scripts/kafka.sh"), "start"], check=True, env={**os.environ, **env})
+    started.append(("kafka.sh", env))
+    password = subprocess.run(
+        ["bash", str(REPO / "scripts/kafka.sh"), "password"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    return "127.0.0.1:29192", password.stdout.strip()
+
+
 def start_redis(started: Started) -> str:
     url = os.environ.get("TURNSTREAM_REDIS_URL")
     if url:

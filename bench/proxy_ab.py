@@ -5,6 +5,7 @@ one run. Prints JSON.
     .venv/bin/python bench/proxy_ab.py --conversations 8 [--system-chars 7600] ...
     .venv/bin/python bench/proxy_ab.py --api responses|messages [--stream] ...
     .venv/bin/python bench/proxy_ab.py --work-redis-user ...   # the proxy as its own Redis ACL user vs the operator
+    .venv/bin/python bench/proxy_ab.py --work-kafka-user ...   # the proxy as its own Kafka user (SCRAM, ACLs) vs plain
 
 ``--api NAME``: the working tree's proxy is sent the same request in that API (``/v1/responses``,
 ``/v1/messages``), the base's as chat completions: with ``--base HEAD``, what translating costs per request.
@@ -41,7 +42,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra import Started, start_kafka, start_redis, stop_started
+from infra import Started, start_kafka, start_redis, start_sasl_kafka, stop_started
 from proxy import BODY, cpu_split, load, wait_http
 
 from runtime.configuration.config import KafkaConfig
@@ -94,6 +95,13 @@ def main() -> None:
         help="the working tree's proxy logs in to Redis as its own ACL user (runtime/security/redis_users.py: "
         "its keys and commands only), the base as the operator: what the per-service users cost a request",
     )
+    ap.add_argument(
+        "--work-kafka-user",
+        action="store_true",
+        help="the working tree's proxy records into a broker run as deployed (SCRAM logins, ACLs), as its own "
+        "Kafka user (runtime/security/kafka_users.py), the base into a plain-text broker: what the Kafka users "
+        "cost a request",
+    )
     args = ap.parse_args()
     if args.conversations and args.stream:
         ap.error("--conversations sends non-streamed requests")
@@ -118,12 +126,15 @@ def main() -> None:
         urls = {"base": redis_url, "work": redis_url}
         if args.work_redis_user:
             urls["work"] = asyncio.run(own_user(redis_url, f"{namespace}work."))
+        kafka_env = {n: {"TURNSTREAM_KAFKA_BOOTSTRAP": bootstrap} for n in ("base", "work")}
+        if args.work_kafka_user:
+            kafka_env["work"] = own_kafka_user(started, namespace)
         for name, root in (("base", worktree), ("work", REPO)):
             port, tmp = free_port(), tempfile.mkdtemp(prefix=f"turnstream-ab-{name}-")
             env = {
                 **os.environ,
                 "PYTHONPATH": str(root),
-                "TURNSTREAM_KAFKA_BOOTSTRAP": bootstrap,
+                **kafka_env[name],
                 "TURNSTREAM_KAFKA_NAMESPACE": namespace,
                 "TURNSTREAM_REDIS_URL": urls[name],
                 "TURNSTREAM_REDIS_KEY_PREFIX": f"{namespace}{name}.",
@@ -194,6 +205,7 @@ def main() -> None:
                 "base": args.base,
                 "base_env": args.base_env,
                 "work_redis_user": args.work_redis_user,
+                "work_kafka_user": args.work_kafka_user,
                 "concurrency": args.concurrency,
                 "stream": args.stream,
                 "api": args.api,
@@ -210,6 +222,33 @@ def main() -> None:
             indent=2,
         )
     )
+
+
+def own_kafka_user(started: Started, namespace: str) -> dict[str, str]:
+    """A broker as deployed, the namespace's topics made there as its operator and the proxy's user with its ACLs
+    applied: the working tree's proxy's settings for it."""
+    from runtime.configuration.config import Config
+    from runtime.security.kafka_users import apply
+
+    bootstrap, password = start_sasl_kafka(started)
+    admin = KafkaConfig(
+        bootstrap=bootstrap,
+        namespace=namespace,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="admin",
+        sasl_password=password,
+    )
+    asyncio.run(create_topics(admin, partitions=3))
+    proxy_password = uuid.uuid4().hex
+    asyncio.run(apply(Config(kafka=admin), {"proxy": proxy_password}))
+    return {
+        "TURNSTREAM_KAFKA_BOOTSTRAP": bootstrap,
+        "TURNSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "TURNSTREAM_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "TURNSTREAM_KAFKA_SASL_USERNAME": "proxy",
+        "TURNSTREAM_KAFKA_SASL_PASSWORD": proxy_password,
+    }
 
 
 async def own_user(admin_url: str, prefix: str) -> str:
