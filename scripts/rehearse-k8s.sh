@@ -183,7 +183,7 @@ checks verdict "the Sentinels refuse the services' client user a failover" \
 log "[$layout] Kafka as deployed: SCRAM logins, a user per service, ACLs"
 checks pipeline kafka
 
-log "[$layout] pods apart: the chart's NetworkPolicies, enforced by kube-network-policies"
+log "[$layout] pods apart: the chart's NetworkPolicies, enforced by kube-router's firewall"
 # connects POD CONTAINER HOST PORT: whether a TCP connection from that container reaches HOST:PORT within 5 s
 connects() {
     k exec "$1" -c "$2" -- python -c "import socket,sys; socket.create_connection(('$3', $4), 5)" >/dev/null 2>&1
