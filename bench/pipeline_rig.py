@@ -160,8 +160,7 @@ class Pipeline:
     def env(self) -> dict[str, str]:
         s = self.stages
         return {
-            "TURNSTREAM_KAFKA_BOOTSTRAP": self.kafka.bootstrap,
-            "TURNSTREAM_KAFKA_NAMESPACE": self.kafka.namespace,
+            **self.kafka.client_env(),
             "TURNSTREAM_KAFKA_POLL_TIMEOUT_MS": "100",
             "TURNSTREAM_KAFKA_SESSION_TIMEOUT_MS": "6000",
             "TURNSTREAM_KAFKA_HEARTBEAT_INTERVAL_MS": "500",

@@ -6,8 +6,10 @@
 #   scripts/kafka-cluster.sh kill N         kill -9 node N (1-3): a broker crash
 #   scripts/kafka-cluster.sh start-node N   start node N again
 #   scripts/kafka-cluster.sh bootstrap      print the bootstrap servers
+#   scripts/kafka-cluster.sh password       print the SASL operator's password (KAFKA_SASL=1, as for scripts/kafka.sh)
 # Settings: KAFKA_CLUSTER_PORT (19192, below the ephemeral range): node N's broker listens on KAFKA_CLUSTER_PORT + 2(N-1), its controller on
-# the port after; KAFKA_HEAP as for scripts/kafka.sh.
+# the port after; KAFKA_HEAP and KAFKA_SASL (SCRAM logins and ACLs, the nodes sharing one passwords' file) as for
+# scripts/kafka.sh.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -16,6 +18,7 @@ NODES=(1 2 3)
 broker_port() { echo $(( BASE + 2 * ($1 - 1) )); }
 voters() { local out="" n; for n in "${NODES[@]}"; do out+="${out:+,}$n@127.0.0.1:$(( $(broker_port "$n") + 1 ))"; done; echo "$out"; }
 ID_FILE="$TURNSTREAM_CACHE/kafka/cluster-$BASE.id"
+export KAFKA_SECRETS="$TURNSTREAM_CACHE/kafka/cluster-$BASE.secrets"
 
 node() {  # node N ACTION: scripts/kafka.sh for that node
     local n="$1"; shift
@@ -35,6 +38,7 @@ cluster_id() {
 start() {
     bash "$REPO_ROOT/scripts/kafka.sh" install
     cluster_id >/dev/null
+    node 1 secrets  # made once, before the nodes start side by side
     # Together: a node answers only once a majority of the controllers has elected a leader.
     local pids=() n failed=0
     for n in "${NODES[@]}"; do node "$n" start & pids+=($!); done
@@ -48,9 +52,10 @@ bootstrap() { local out="" n; for n in "${NODES[@]}"; do out+="${out:+,}127.0.0.
 case "${1:-start}" in
     start) start ;;
     stop) for n in "${NODES[@]}"; do node "$n" stop; done ;;
-    reset) for n in "${NODES[@]}"; do node "$n" reset; done; rm -f "$ID_FILE" ;;
+    reset) for n in "${NODES[@]}"; do node "$n" reset; done; rm -f "$ID_FILE" "$KAFKA_SECRETS" ;;
     kill) node "${2:?which node (1-3)}" kill ;;
     start-node) node "${2:?which node (1-3)}" start ;;
     bootstrap) bootstrap ;;
-    *) die "usage: $0 start|stop|reset|kill N|start-node N|bootstrap" ;;
+    password) node 1 password ;;
+    *) die "usage: $0 start|stop|reset|kill N|start-node N|bootstrap|password" ;;
 esac

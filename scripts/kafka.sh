@@ -174,7 +174,8 @@ case "${1:-start}" in
     status) running && answers ;;
     reset) stop; rm -rf "$RUN" ;;  # a cluster's shared KAFKA_SECRETS is the cluster script's
     version) echo "$KAFKA_VERSION" ;;
+    secrets) if [[ "$KAFKA_SASL" == 1 ]]; then make_secrets; fi ;;  # a cluster's, before its nodes start
     password) [[ -n "$(secret admin)" ]] || die "no SASL broker started here yet (KAFKA_SASL=1 scripts/kafka.sh start)"
               secret admin ;;
-    *) die "usage: $0 install|start|stop|kill|status|reset|version|password" ;;
+    *) die "usage: $0 install|start|stop|kill|status|reset|version|password|secrets" ;;
 esac

@@ -70,14 +70,17 @@ def namespace() -> str:
 def kafka_config(kafka_service: Service, redis_service: Service, namespace: str) -> KafkaConfig:
     """The broker, in the test's namespace; records that hold conversations sealed with keys in the test Redis,
     as every service started with ``TURNSTREAM_REDIS_URL`` seals them."""
-    return namespaced_kafka(kafka_service.address, redis_service.address, namespace)
+    return namespaced_kafka(kafka_service.address, redis_service.address, namespace, **kafka_service.login)
 
 
 def namespaced_kafka(bootstrap: str, seal_keys_url: str, namespace: str, **settings: Any) -> KafkaConfig:
-    """A test's Kafka settings: its namespace, short polls and sessions (failures are noticed in seconds)."""
+    """A test's Kafka settings: its namespace, its own sealing keys (a test that forgets its session ``s2`` must not
+    destroy the key of another test's ``s2`` in the shared Redis), short polls and sessions (failures are noticed
+    in seconds). ``KafkaConfig.client_env`` hands all but the polls to the services a test starts."""
     return KafkaConfig(
         bootstrap=bootstrap,
         seal_keys_url=seal_keys_url,
+        seal_keys_prefix=settings.pop("seal_keys_prefix", f"{namespace}dek:"),
         namespace=namespace,
         client_id="turnstream-test",
         poll_timeout_ms=200,
@@ -192,8 +195,7 @@ def proxy_settings(kafka: KafkaConfig, redis: RedisConfig, engine: Any, folder: 
     )
     return {
         **keyed,
-        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        **kafka.client_env(),
         "TURNSTREAM_REDIS_URL": redis.url,
         "TURNSTREAM_REDIS_KEY_PREFIX": redis.key_prefix,
         "TURNSTREAM_ENGINE_URL": engine.url,

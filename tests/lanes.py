@@ -15,13 +15,14 @@ marked ``starts_engines`` (it starts SGLang itself, as ``turnstream run`` does: 
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import pytest
 
 from tests.engines import USERS
-from tests.infra import Service, start_kafka, start_redis
+from tests.infra import LOGIN_ENV, Service, start_kafka, start_redis
 
 ENGINE_FIXTURES = frozenset(USERS)
 LANES = ("engines", "cpu")
@@ -66,6 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
         service = start()
         _services.append(service)
         os.environ[variable] = service.address
+        if service.login:
+            os.environ[LOGIN_ENV] = json.dumps(service.login)
 
 
 _collected: dict[str, int] = {}

@@ -27,7 +27,7 @@ from runtime.configuration.config import KafkaConfig, RedisConfig
 from runtime.messaging.topics import create_topics, group_lag
 from runtime.process.ports import free_port
 from tests.conftest import TEST_PARTITIONS
-from tests.infra import REPO, Service, _script
+from tests.infra import REPO, Service, _script, moved_to
 
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -158,7 +158,7 @@ def test_kafka_broker_restart(
 ) -> None:
     """The broker stopped and started again under traffic: the module's own (``private_kafka``), so that every
     other test goes on with the run's shared one."""
-    own = msgspec.structs.replace(kafka, bootstrap=private_kafka.address)
+    own = moved_to(kafka, private_kafka)
     asyncio.run(create_topics(own, partitions=TEST_PARTITIONS))
     pipe = pipeline(kafka_config=own)
 

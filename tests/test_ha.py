@@ -26,7 +26,7 @@ from runtime.messaging.topics import create_topics, describe_topics
 from runtime.transport.redis_urls import redis_client, sentinel_target
 from runtime.transport.resp import PipelinedRedis, command
 from tests.conftest import namespaced_kafka
-from tests.infra import script_output
+from tests.infra import Service, operator_login, script_output
 from tests.test_faults import SESSIONS, TURNS, Pipeline, Stages, assert_exact, run_with_fault
 
 pytestmark = pytest.mark.integration
@@ -34,8 +34,12 @@ BROKER = "2"
 """The node killed (any of the three: the cluster keeps two in sync)."""
 
 
+CLUSTER_ENV = {"KAFKA_SASL": "1"}
+"""As the deployments run Kafka (compose.ha.yaml): SCRAM logins and ACLs; the tests log in as its operator."""
+
+
 def cluster(*args: str) -> str:
-    return script_output("kafka-cluster.sh", *args)
+    return script_output("kafka-cluster.sh", *args, env=CLUSTER_ENV)
 
 
 def sentinels(*args: str) -> str:
@@ -43,9 +47,10 @@ def sentinels(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster_bootstrap() -> Iterator[str]:
+def cluster_broker() -> Iterator[Service]:
+    cluster("reset")  # on empty storage, in the mode asked for (a formatted node keeps its own)
     cluster("start")
-    yield cluster("bootstrap")
+    yield Service(cluster("bootstrap"), "script", login=operator_login(CLUSTER_ENV, "kafka-cluster.sh"))
     cluster("reset")
 
 
@@ -58,9 +63,10 @@ def sentinel_url() -> Iterator[str]:
 
 
 @pytest.fixture
-async def cluster_kafka(cluster_bootstrap: str, sentinel_url: str) -> KafkaConfig:
+async def cluster_kafka(cluster_broker: Service, sentinel_url: str) -> KafkaConfig:
+    namespace = f"test-{uuid.uuid4().hex[:12]}."
     kafka = namespaced_kafka(
-        cluster_bootstrap, sentinel_url, f"test-{uuid.uuid4().hex[:12]}.", seal_keys_replicas=1
+        cluster_broker.address, sentinel_url, namespace, seal_keys_replicas=1, **cluster_broker.login
     )
     await create_topics(kafka, partitions=3)
     return kafka

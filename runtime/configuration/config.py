@@ -43,6 +43,21 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pass
 
 
+KAFKA_LOGIN_FIELDS = (
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+)
+"""``KafkaConfig``'s fields that say how a client logs in to the brokers (protocol, SASL, TLS)."""
+
+KAFKA_CLIENT_FIELDS = ("bootstrap", "namespace", *KAFKA_LOGIN_FIELDS, "seal_keys_prefix")
+"""Its fields a client process shares with the one that starts it (``KafkaConfig.client_env``)."""
+
+
 class KafkaConfig(_Section):
     bootstrap: str = "127.0.0.1:9092"
     """Comma-separated host:port list."""
@@ -105,6 +120,13 @@ class KafkaConfig(_Section):
     """``min.insync.replicas`` of the topics it makes: how many copies must have a record before a producer's
     acks=all write succeeds (every turnstream producer waits for all in-sync copies); 0: one fewer than the
     replication factor, at least 1 (2 of 3: one broker may be down and nothing acknowledged is lost)."""
+
+    def client_env(self) -> dict[str, str]:
+        """What a process started to work on the same records needs, as ``TURNSTREAM_KAFKA_*`` variables (those
+        set): the brokers, the login, the namespace and where the records' sealing keys are named. Not the keys'
+        Redis: a service reaches it as its own Redis user."""
+        values = {name: getattr(self, name) for name in KAFKA_CLIENT_FIELDS}
+        return {f"TURNSTREAM_KAFKA_{name.upper()}": str(v) for name, v in values.items() if v is not None}
 
     def replication(self, brokers: int) -> tuple[int, int]:
         """(replication factor, min.insync.replicas) for new topics on a cluster of ``brokers``."""

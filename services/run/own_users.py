@@ -66,13 +66,10 @@ async def give_own_kafka_users(config: Config, services: list[Service]) -> tuple
     given = []
     for service in services:
         if service.name in logins:
-            env = {
-                **service.env,
-                "TURNSTREAM_KAFKA_SECURITY_PROTOCOL": config.kafka.security_protocol,
-                "TURNSTREAM_KAFKA_SASL_MECHANISM": str(config.kafka.sasl_mechanism),
-                "TURNSTREAM_KAFKA_SASL_USERNAME": logins[service.name],
-                "TURNSTREAM_KAFKA_SASL_PASSWORD": passwords[service.name],
-            }
+            own = msgspec.structs.replace(
+                config.kafka, sasl_username=logins[service.name], sasl_password=passwords[service.name]
+            )
+            env = {**service.env, **own.client_env()}
             service = msgspec.structs.replace(service, env=env)
         given.append(service)
     return given, list(logins.values())

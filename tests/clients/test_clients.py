@@ -177,7 +177,7 @@ async def ran(
     for script in (AGENTS, OPENCLAW):
         await asyncio.to_thread(subprocess.run, ["bash", str(script), "install"], check=True, timeout=900)
     namespace = f"test-{uuid.uuid4().hex[:12]}."
-    kafka = namespaced_kafka(kafka_service.address, redis_service.address, namespace)
+    kafka = namespaced_kafka(kafka_service.address, redis_service.address, namespace, **kafka_service.login)
     await create_topics(kafka, partitions=TEST_PARTITIONS)
     redis = RedisConfig(url=redis_service.address, key_prefix=f"test-{uuid.uuid4().hex[:12]}:")
     root = tmp_path_factory.mktemp("clients")

@@ -11,10 +11,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from runtime.configuration.config import KafkaConfig
-from runtime.messaging.bus import EventConsumer, EventProducer, Record, consumer_group, read_topic
+from runtime.messaging.bus import (
+    EventConsumer,
+    EventProducer,
+    Record,
+    consumer_group,
+    kafka_consumer,
+    read_topic,
+)
 from schemas import DeadLetter, Turn, decode, encode, spec_for
 from schemas.topics import ALL_TOPICS, DEADLETTER, TURNS, WEIGHTS
 from tests.strategies import example_events, example_turn
@@ -315,9 +321,7 @@ async def test_sigterm_finishes_the_in_flight_batch_and_commits(kafka: KafkaConf
 async def committed_offsets(kafka: KafkaConfig, group: str) -> dict[int, int]:
     from aiokafka import TopicPartition
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=kafka.bootstrap, group_id=consumer_group(kafka, group), enable_auto_commit=False
-    )
+    consumer = kafka_consumer(kafka, client_id="turnstream-test", group_id=consumer_group(kafka, group))
     await consumer.start()
     try:
         topic = TURNS.name(kafka.namespace)

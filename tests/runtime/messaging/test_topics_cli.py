@@ -27,7 +27,7 @@ def turnstream(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 def test_create_is_idempotent_and_describe_reports_specs(kafka_service: Service) -> None:
     ns = f"cli-{uuid.uuid4().hex[:8]}"
-    env = {"TURNSTREAM_KAFKA_BOOTSTRAP": kafka_service.address}
+    env = kafka_service.kafka().client_env()
     first = turnstream("topics", "create", "--namespace", ns, "--partitions", "2", env=env)
     assert first.returncode == 0, first.stderr
     lines = first.stdout.splitlines()
@@ -83,7 +83,7 @@ def test_retention_is_set_per_topic_and_applied_to_existing_topics(kafka_service
     topic's retention is a setting; ``topics create`` applies it to topics that exist already, keeping their
     other settings."""
     ns = f"ret-{uuid.uuid4().hex[:8]}"
-    env = {"TURNSTREAM_KAFKA_BOOTSTRAP": kafka_service.address}
+    env = kafka_service.kafka().client_env()
     assert turnstream("topics", "create", "--namespace", ns, env=env).returncode == 0
     env["TURNSTREAM_KAFKA_RETENTION_DAYS"] = "turns=365, samples=0.5"
     out = turnstream("topics", "create", "--namespace", ns, env=env)
@@ -113,7 +113,7 @@ def test_describe_of_a_missing_namespace_fails(kafka_service: Service) -> None:
         "describe",
         "--namespace",
         f"none-{uuid.uuid4().hex[:8]}",
-        env={"TURNSTREAM_KAFKA_BOOTSTRAP": kafka_service.address},
+        env=kafka_service.kafka().client_env(),
     )
     assert out.returncode == 1
     assert [line.split()[1] for line in out.stdout.splitlines()] == ["missing"] * len(ALL_TOPICS)
@@ -125,7 +125,7 @@ def test_wait_returns_once_every_topic_exists_and_redis_answers(
     """What a Kubernetes pod's init container runs (deploy/helm): it holds the service until the topics job has
     made every topic; with Redis unreachable it keeps waiting and says why."""
     ns = f"wait-{uuid.uuid4().hex[:8]}"
-    env = {"TURNSTREAM_KAFKA_BOOTSTRAP": kafka_service.address, "TURNSTREAM_REDIS_URL": redis_service.address}
+    env = {**kafka_service.kafka().client_env(), "TURNSTREAM_REDIS_URL": redis_service.address}
     early = turnstream("topics", "wait", "--namespace", ns, "--timeout", "2", env=env)
     assert early.returncode == 1 and "topics missing" in early.stderr, early.stderr
     waiting = subprocess.Popen(

@@ -25,16 +25,16 @@ from runtime.messaging.bus import EventConsumer, EventProducer, KafkaLoginRefuse
 from runtime.messaging.topics import _admin, create_topics, describe_topics, group_lag
 from runtime.security.kafka_users import USERS, acls, apply, principal
 from schemas.topics import ALL_TOPICS, DEADLETTER, JUDGMENTS, SAMPLES, TURNS, TURNS_PAIRED, TopicSpec
-from tests.infra import Service, script_output, start_private_kafka
+from tests.infra import Service, start_private_kafka
 
 PASSWORDS = {name: f"pw-{name}-{uuid.uuid4().hex[:8]}" for name in USERS}
 
 
 @pytest.fixture(scope="module")
 def sasl_broker() -> Iterator[tuple[Service, str]]:
-    service = start_private_kafka(sasl=True)
+    service = start_private_kafka()
     try:
-        yield service, script_output("kafka.sh", "password", env=service.script_env)
+        yield service, service.login["sasl_password"]
     finally:
         service.stop()
 

@@ -42,8 +42,7 @@ def console(kafka: KafkaConfig, tmp_path: Path) -> Iterator[tuple[str, Path]]:
             port=port,
             ready_path="/healthz",
             env={
-                "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-                "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+                **kafka.client_env(),
                 "TURNSTREAM_KAFKA_SEAL_KEYS_URL": kafka.seal_keys_url,
                 "TURNSTREAM_CACHE": str(tmp_path / "cache"),
                 "TURNSTREAM_CONSOLE_DB_PATH": str(tmp_path / "console.sqlite3"),

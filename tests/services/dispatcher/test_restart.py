@@ -62,8 +62,7 @@ async def test_kill9_mid_stream_and_restart_loses_and_duplicates_nothing(
         events += inputs_for(t, score, accepted)
     want = Counter(t.turn_id for t, (s, a) in zip(turns, cases, strict=True) if decide("combine", s, a))
     env = {
-        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        **kafka.client_env(),
         "TURNSTREAM_KAFKA_SESSION_TIMEOUT_MS": "6000",
         "TURNSTREAM_KAFKA_HEARTBEAT_INTERVAL_MS": "500",
         "TURNSTREAM_KAFKA_MAX_BATCH": "32",

@@ -49,8 +49,7 @@ def turnstream_eval(env: dict[str, str], *args: str) -> subprocess.CompletedProc
 @pytest.fixture
 def env(kafka: KafkaConfig, engine: EngineProcess) -> dict[str, str]:
     return {
-        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        **kafka.client_env(),
         "TURNSTREAM_KAFKA_SEAL_KEYS_URL": kafka.seal_keys_url,
         "TURNSTREAM_ENGINE_URL": engine.url,
         "TURNSTREAM_JUDGE_ENGINE_URL": engine.url,

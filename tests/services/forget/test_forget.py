@@ -158,8 +158,7 @@ async def test_forget_leaves_no_trace_of_a_users_sessions_and_keeps_everyone_els
             argv,
             env={
                 **os.environ,
-                "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-                "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+                **kafka.client_env(),
                 "TURNSTREAM_REDIS_URL": redis_config.url,
                 "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
                 "TURNSTREAM_LOGGING_FORMAT": "text",

@@ -56,8 +56,7 @@ async def test_kill9_one_replica_mid_stream_loses_no_judgment(
 ) -> None:
     stub = stub_judge(latency_ms=40)
     env = {
-        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        **kafka.client_env(),
         "TURNSTREAM_KAFKA_SEAL_KEYS_URL": kafka.seal_keys_url,
         "TURNSTREAM_KAFKA_SESSION_TIMEOUT_MS": "6000",
         "TURNSTREAM_KAFKA_HEARTBEAT_INTERVAL_MS": "500",

@@ -129,8 +129,7 @@ class StubProxy:
         )
         self.proxy = ProxyProcess(
             {
-                "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-                "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+                **kafka.client_env(),
                 "TURNSTREAM_REDIS_URL": redis_config.url,
                 "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
                 "TURNSTREAM_ENGINE_URL": f"http://127.0.0.1:{port}",

@@ -735,7 +735,7 @@ async def test_a_full_spool_refuses_main_turns_and_loses_none_it_served(
         port = free_port()
         env = {
             **proxy.proxy._env,
-            "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+            **kafka.client_env(),
             "TURNSTREAM_PROXY_PORT": str(port),
         }
         with ServiceProcess(
@@ -759,7 +759,7 @@ def test_the_proxy_needs_keys_beyond_loopback_and_each_key_names_a_user(
     for key in (None, ""):
         env = {
             **os.environ,
-            "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+            **kafka.client_env(),
             "TURNSTREAM_LOGGING_FORMAT": "text",
         }
         env.pop("TURNSTREAM_PROXY_API_KEY", None)

@@ -7,12 +7,11 @@ import asyncio
 from collections import Counter
 
 import httpx
-import msgspec
 import pytest
 
 from runtime.configuration.config import KafkaConfig
 from runtime.messaging.topics import create_topics
-from tests.infra import Service, _script
+from tests.infra import Service, _script, moved_to
 from tests.services.proxy.conftest import ProxyProcess, wait_for_turns
 
 pytestmark = pytest.mark.integration
@@ -21,7 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def own_kafka(private_kafka: Service, kafka_config: KafkaConfig) -> KafkaConfig:
     """The test's namespace on the module's own broker, with its topics."""
-    config = msgspec.structs.replace(kafka_config, bootstrap=private_kafka.address)
+    config = moved_to(kafka_config, private_kafka)
     await create_topics(config, partitions=3)
     return config
 
@@ -29,7 +28,7 @@ async def own_kafka(private_kafka: Service, kafka_config: KafkaConfig) -> KafkaC
 async def test_broker_outage_loses_and_duplicates_nothing(
     own_kafka: KafkaConfig, private_kafka: Service, proxy_env: dict[str, str]
 ) -> None:
-    proxy = ProxyProcess({**proxy_env, "TURNSTREAM_KAFKA_BOOTSTRAP": private_kafka.address})
+    proxy = ProxyProcess({**proxy_env, **own_kafka.client_env()})
     try:
         await outage(proxy, own_kafka, private_kafka)
     finally:

@@ -89,8 +89,7 @@ async def test_a_main_turn_is_spooled_before_its_answer_goes_out(
     spool = tmp_path / "spool"
     config = load_config(
         env={
-            "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-            "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+            **kafka.client_env(),
             "TURNSTREAM_REDIS_URL": redis_config.url,
             "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
             "TURNSTREAM_ENGINE_URL": stub.url,

@@ -38,8 +38,7 @@ A1 = Message(role="assistant", content="In Paris.")
 def cli(*args: str, kafka: KafkaConfig, redis: RedisConfig, timeout: float = 600, **env: str) -> Any:
     full_env = {
         **os.environ,
-        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        **kafka.client_env(),
         "TURNSTREAM_REDIS_URL": redis.url,
         "TURNSTREAM_REDIS_KEY_PREFIX": redis.key_prefix,
         "OMP_NUM_THREADS": "1",

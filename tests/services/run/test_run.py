@@ -65,8 +65,7 @@ def start_run(
     """``turnstream run`` against the test broker and Redis, every port and folder its own."""
     env = {
         **os.environ,
-        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+        **kafka.client_env(),
         "TURNSTREAM_REDIS_URL": redis_config.url,
         "TURNSTREAM_REDIS_KEY_PREFIX": redis_config.key_prefix,
         "TURNSTREAM_RUN_ENGINE_PORT": str(free_port()),

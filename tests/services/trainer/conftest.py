@@ -39,7 +39,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def trainer_env(kafka: KafkaConfig, model: Path, out: Path) -> dict[str, str]:
     """Environment for a ``turnstream trainer`` subprocess: batches of 4, every sample fresh (all come from v0)."""
     return {
-        "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        **kafka.client_env(),
         "TURNSTREAM_KAFKA_SEAL_KEYS_URL": kafka.seal_keys_url,
         "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
         "TURNSTREAM_TRAINER_HF_CHECKPOINT": str(model),

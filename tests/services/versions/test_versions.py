@@ -31,8 +31,7 @@ def versions(kafka: KafkaConfig, *args: str) -> subprocess.CompletedProcess[str]
         env={
             **os.environ,
             "TURNSTREAM_LOGGING_FORMAT": "text",
-            "TURNSTREAM_KAFKA_BOOTSTRAP": kafka.bootstrap,
-            "TURNSTREAM_KAFKA_NAMESPACE": kafka.namespace,
+            **kafka.client_env(),
         },
     )
 
