@@ -71,6 +71,37 @@ bash scripts/k8s/cluster.sh import "$TURNSTREAM_IMAGE" turnstream-rehearse/kafka
 
 checks bash scripts/k8s/check-chart.sh --server
 
+# Pod Security: the release's namespace admits only pods that pass Kubernetes' `restricted` profile (the chart's
+# every pod does: scripts/k8s/pod_security.py), and the models come from a claim (a hostPath volume is refused).
+k label namespace default --overwrite pod-security.kubernetes.io/enforce=restricted \
+    pod-security.kubernetes.io/enforce-version=latest >/dev/null
+k apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: rehearsal-models}
+spec:
+  capacity: {storage: 5Gi}
+  accessModes: [ReadOnlyMany]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  hostPath: {path: $models, type: Directory}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: rehearsal-models, namespace: default}
+spec:
+  accessModes: [ReadOnlyMany]
+  storageClassName: ""
+  volumeName: rehearsal-models
+  resources: {requests: {storage: 5Gi}}
+YAML
+refused_as_root() {  # a pod as root is refused at admission, naming the profile
+    k run psa-root --image="$TURNSTREAM_IMAGE" --image-pull-policy=Never --restart=Never \
+        --overrides='{"spec": {"securityContext": {"runAsUser": 0}}}' --command -- true 2>&1 \
+        | grep -q 'violates PodSecurity "restricted'
+}
+checks verdict "Pod Security restricted refuses a pod that runs as root" refused_as_root
+
 cpu_flags="$(.venv/bin/python -c 'import json; from services.engine.launch import CPU_FLAGS; print(json.dumps([*CPU_FLAGS, "--max-total-tokens", "16384"]))')"
 secret() { head -c 18 /dev/urandom | base64 | tr '+/' '-_'; }
 export PROXY_API_KEY CONSOLE_TOKEN
@@ -81,7 +112,7 @@ CONSOLE_TOKEN="$(secret)"
 # margin every evaluated candidate passes.
 install_args=(
     -f "$CHART/values/cpu-rehearsal.yaml"
-    --set "models.hostPath=$models"
+    --set models.existingClaim=rehearsal-models
     --set-json "policy.extraArgs=$cpu_flags" --set-json "teacherServer.extraArgs=$cpu_flags"
     --set "secrets.proxyApiKey=$PROXY_API_KEY" --set "secrets.consoleToken=$CONSOLE_TOKEN"
     --set gate.enabled=true --set gate.margin=1
@@ -189,8 +220,10 @@ connects() {
     k exec "$1" -c "$2" -- python -c "import socket,sys; socket.create_connection(('$3', $4), 5)" >/dev/null 2>&1
 }
 refused_from() { ! connects "$@"; }
+restricted='{"spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+  "containers": [{"name": "np-outsider", "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]}}'
 k run np-outsider --image="$TURNSTREAM_IMAGE" --image-pull-policy=Never --restart=Never --labels=app=outsider \
-    --command -- sleep 3600 >/dev/null
+    --override-type=strategic --overrides="$restricted" --command -- sleep 3600 >/dev/null
 k wait --for=condition=Ready pod/np-outsider --timeout=120s >/dev/null
 redis_host="$FN-redis-0.$FN-redis" kafka_host="$FN-kafka-0.$FN-kafka" policy_host="$FN-policy-0.$FN-policy"
 proxy_reaches_all() {

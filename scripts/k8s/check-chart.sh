@@ -24,6 +24,13 @@ for values in "$CHART"/values/*.yaml; do
     else
         echo "FAIL helm template ($name)"; tail -5 "$out/$name.err" >&2; failed=1; continue
     fi
+    # Pod Security `restricted` for every pod, the models from a claim (a hostPath volume is never admitted)
+    if "$BIN/helm" template ts "$CHART" -f "$values" --set models.existingClaim=models \
+        | .venv/bin/python scripts/k8s/pod_security.py >"$out/$name.psa" 2>&1; then
+        echo "PASS Pod Security restricted ($name): $(tail -1 "$out/$name.psa")"
+    else
+        echo "FAIL Pod Security restricted ($name)"; head -8 "$out/$name.psa" >&2; failed=1
+    fi
     if [[ -n "$server" ]]; then
         if bash scripts/k8s/cluster.sh in kubectl apply --dry-run=server -n default -f - \
             <"$out/$name.yaml" >"$out/$name.dry" 2>&1; then

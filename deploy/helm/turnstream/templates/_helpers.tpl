@@ -22,10 +22,17 @@ app.kubernetes.io/instance: {{ (index . 0).Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/* A container's image, and what every container here has (Kubernetes' `restricted` Pod Security profile): no
+privilege escalation, no capabilities; a read-only root file system where the image writes nothing outside its
+volumes (image.*.readOnlyRootFilesystem). include "ts.image" (list .Values.image.turnstream) */}}
 {{- define "ts.image" -}}
 {{- $i := index . 0 -}}
 image: {{ printf "%s:%s" $i.repository (toString $i.tag) | quote }}
 imagePullPolicy: {{ $i.pullPolicy }}
+securityContext:
+  allowPrivilegeEscalation: false
+  capabilities: {drop: [ALL]}
+  readOnlyRootFilesystem: {{ $i.readOnlyRootFilesystem | default false }}
 {{- end -}}
 
 {{- define "ts.secretName" -}}
@@ -166,6 +173,10 @@ include "ts.commonEnv" (list . "pairer"). */}}
 - name: TURNSTREAM_KAFKA_SEAL_KEYS_REPLICAS # a new sealing key reaches the replica before anything is sealed
   value: "1"
 {{- end }}
+- name: HOME # the root file system is read-only: caches go to the pod's /tmp (ts.tmpVolume)
+  value: /tmp
+- name: TURNSTREAM_CACHE
+  value: /tmp/turnstream
 - name: TURNSTREAM_METRICS_PORT
   value: "9100"
 - name: TURNSTREAM_METRICS_HOST
@@ -252,23 +263,29 @@ has Python: no other image is pulled for it. include "ts.waitForInfra" (list . "
     {{- include "ts.commonEnv" (list $root "" (index . 1)) | nindent 4 }}
 {{- end -}}
 
-{{/* A volume the service (uid 10001 in turnstream's image) must own: it makes its folder private (chmod 700),
-which only the owner may do; hostPath and many storage classes hand out root-owned folders, and fsGroup does not
-make the pod the owner. include "ts.ownVolume" (list . "spool" "/spool") */}}
-{{- define "ts.ownVolume" -}}
-{{- $root := index . 0 -}}
-- name: own-{{ index . 1 }}
-  {{- include "ts.image" (list $root.Values.image.turnstream) | nindent 2 }}
-  command: ["chown", "10001:10001", {{ index . 2 | quote }}]
-  securityContext:
-    runAsUser: 0
-  volumeMounts:
-    - {name: {{ index . 1 }}, mountPath: {{ index . 2 }}}
+{{/* A pod as Kubernetes' `restricted` Pod Security profile asks: its image's non-root user (image.*.uid, or
+``runAsUser`` given), that user's group owning its volumes (fsGroup: a folder the service makes private, chmod 700,
+is a subfolder it creates and so owns), the runtime's default seccomp profile, and no service-account token (no
+pod here talks to the API server). include "ts.podSecurity" (list .Values.image.turnstream) or (list image uid) */}}
+{{- define "ts.podSecurity" -}}
+{{- $uid := (index . 0).uid -}}
+{{- if gt (len .) 1 }}{{ with index . 1 }}{{ $uid = . }}{{ end }}{{ end -}}
+automountServiceAccountToken: false
+securityContext:
+  runAsNonRoot: {{ ne (int $uid) 0 }}
+  runAsUser: {{ $uid }}
+  runAsGroup: {{ $uid }}
+  fsGroup: {{ $uid }}
+  seccompProfile: {type: RuntimeDefault}
 {{- end -}}
 
-{{- define "ts.podSecurity" -}}
-securityContext:
-  fsGroup: 1000
+{{/* Where a container with a read-only root file system writes what is its own and passing (Python's and the
+libraries' caches, a generated config): an emptyDir at /tmp, and HOME there. */}}
+{{- define "ts.tmpMount" -}}
+- {name: tmp, mountPath: /tmp}
+{{- end -}}
+{{- define "ts.tmpVolume" -}}
+- {name: tmp, emptyDir: {}}
 {{- end -}}
 
 {{/* Writes Redis's ACL file and the Sentinels' user lines (turnstream redis-users: hashes only) into the pod's
