@@ -50,6 +50,9 @@ log "Kubernetes binaries ready in $(( $(date +%s) - build_started )) s (scripts/
 
 bash scripts/rehearse/engine.sh start
 eval "$(bash scripts/rehearse/engine.sh env)"
+# What an interrupted `make rehearse` left: its containers restart with the daemon (restart: unless-stopped) and
+# take the cluster's memory and cores (a run beside nine of them lost an engine to the OOM killer).
+docker ps -aq --filter name=turnstream-rehearse- | xargs -r docker rm -f >/dev/null
 bash scripts/rehearse/images.sh base kafka redis sglang
 TURNSTREAM_IMAGE="turnstream-rehearse/turnstream:latest"
 docker build -q --target runtime --build-arg BASE_IMAGE=turnstream-rehearse/debian-base:bookworm \
@@ -95,10 +98,11 @@ spec:
   volumeName: rehearsal-models
   resources: {requests: {storage: 5Gi}}
 YAML
-refused_as_root() {  # a pod as root is refused at admission, naming the profile
-    k run psa-root --image="$TURNSTREAM_IMAGE" --image-pull-policy=Never --restart=Never \
-        --overrides='{"spec": {"securityContext": {"runAsUser": 0}}}' --command -- true 2>&1 \
-        | grep -q 'violates PodSecurity "restricted'
+refused_as_root() {  # a pod as root is refused at admission, naming the profile and the rule
+    local said
+    said="$(k run psa-root --image="$TURNSTREAM_IMAGE" --image-pull-policy=Never --restart=Never \
+        --overrides='{"spec": {"securityContext": {"runAsUser": 0}}}' --command -- true 2>&1)" && return 1
+    grep -q 'violates PodSecurity "restricted' <<<"$said" && grep -q 'runAsUser=0' <<<"$said"
 }
 checks verdict "Pod Security restricted refuses a pod that runs as root" refused_as_root
 
