@@ -145,6 +145,7 @@ async def test_sessions_stay_put_a_killed_replica_loses_nothing_and_rejoins_on_t
             for session in sessions:
                 answered += await turn(session, stream=n == 1)
         turns = await wait_for_turns(kafka, answered)
+        assert len(turns) == answered, unaccounted(url, replicas_proxy, whole, turns)
         homes = defaultdict(set)
         for t in turns:
             homes[t.session_id].add(t.replica)
